@@ -1,0 +1,265 @@
+"""The typed configuration model: the single source of validation, defaults and docs.
+
+Two sections of a Ray cluster YAML belong to this provider: `provider:` (cluster-wide
+settings) and `available_node_types.<name>.node_config` (the Slurm job of one node type).
+Each field carries its own doc string in `metadata["doc"]`; `docs.py`-style renderers and the
+`ray-slurm validate` command read the same dataclasses. Unknown keys fail with the key path and
+the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+T = TypeVar("T")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key path and what is allowed."""
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A dataclass field with documentation attached."""
+    if default is dataclasses.MISSING and "default_factory" not in kw:
+        return field(metadata={"doc": text}, **kw)
+    if "default_factory" in kw:
+        return field(metadata={"doc": text}, **kw)
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass(frozen=True)
+class PortsConfig:
+    base: int | None = doc(
+        "First port of this cluster's block of 10 on the head node (GCS = base, dashboard = "
+        "base+1, Ray client = base+2, autoscaler metrics = base+3, dashboard metrics = base+4). "
+        "Default: derived from the user and cluster name in 24000-31990, so two clusters on "
+        "one node do not clash.",
+        None,
+    )
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    mode: Literal["token", "disabled"] = doc(
+        "Ray token authentication. `token` (default) creates one random token per cluster in a "
+        "0600 file and hands its path to every Ray process; `disabled` turns it off explicitly.",
+        "token",
+    )
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """The `provider:` section."""
+
+    type: str = doc("Must be `external` (Ray's key).", "external")
+    module: str = doc(
+        "Must be `ray_slurm_provider.provider.SlurmNodeProvider` (Ray's key).",
+        "ray_slurm_provider.provider.SlurmNodeProvider",
+    )
+    slurm_api: Literal["cli"] = doc(
+        "How the provider talks to Slurm: `cli` runs sbatch/squeue/scancel/scontrol.", "cli"
+    )
+    state_dir: str = doc(
+        "Directory on a filesystem shared by the login node and the compute nodes (your home, "
+        "usually) where each cluster keeps its tags, handoff files, token and logs: "
+        "`<state_dir>/<cluster_name>/`.",
+        "~/.ray_slurm",
+    )
+    python: str | None = doc(
+        "Python executable (with ray and ray_slurm_provider installed) that jobs use to run "
+        "the node agent. Default: the Python running `ray up`.",
+        None,
+    )
+    temp_dir_root: str = doc(
+        "Node-local directory under which each node gets a short Ray temp dir "
+        "(`<root>/rsp-<job id>`); keep it short, Unix socket paths are limited to ~107 bytes.",
+        "/tmp",
+    )
+    node_ip_interface: str | None = doc(
+        "Take each node's Ray IP from this network interface (multi-NIC nodes) instead of "
+        "Slurm's NodeAddr.",
+        None,
+    )
+    drain_timeout_s: int = doc(
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S for every node: how long Ray drains on SIGTERM. "
+        "Keep it below Slurm's KillWait.",
+        5,
+    )
+    ray_start_attempts: int = doc(
+        "How many times a worker retries a failed `ray start` before its job ends.", 3
+    )
+    head_start_timeout_s: int = doc(
+        "How long a running head job waits for `ray up` to hand it the start command before "
+        "it gives up and ends.",
+        1800,
+    )
+    object_store_fraction: float = doc(
+        "Object store size as a fraction of the node's memory, when `object_store_memory` is "
+        "not set for the node type.",
+        0.3,
+    )
+    environment: dict[str, str] = doc(
+        "Environment variables for every node's job.", default_factory=dict
+    )
+    ports: PortsConfig = doc("Per-cluster Ray port block.", default_factory=PortsConfig)
+    auth: AuthConfig = doc("Ray authentication.", default_factory=AuthConfig)
+    # Keys Ray's core reads from `provider:`; accepted and passed through untouched.
+    use_internal_ips: bool = doc("Ray's key; Slurm nodes have only internal IPs.", True)
+    disable_node_updaters: bool = doc(
+        "Ray's key; forced to true: workers start themselves in their batch step.", True
+    )
+    disable_launch_config_check: bool = doc("Ray's key (v1 autoscaler).", False)
+    foreground_node_launch: bool = doc("Ray's key.", False)
+    worker_liveness_check: bool = doc("Ray's key (v1 autoscaler).", True)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """`available_node_types.<name>.node_config`: the Slurm job of one node type."""
+
+    partition: str | None = doc("Slurm partition (`--partition`); default: the cluster's.", None)
+    account: str | None = doc("Slurm account (`--account`).", None)
+    qos: str | None = doc("Slurm QOS (`--qos`).", None)
+    time: str | None = doc(
+        "Time limit (`--time`, e.g. `4:00:00`, `2-00:00:00`); default: the partition's.", None
+    )
+    cpus: int | None = doc(
+        "CPUs of the job (`--cpus-per-task`); default: `resources.CPU`, else the partition's "
+        "CPUs per node.",
+        None,
+    )
+    mem: str | None = doc("Memory of the job (`--mem`, e.g. `16G`, `0` for all).", None)
+    gpus: int | None = doc("GPUs of the job (`--gres=gpu:N`); default: `resources.GPU`.", None)
+    gpu_type: str | None = doc("GPU type in the GRES request (`--gres=gpu:<type>:N`).", None)
+    constraint: str | None = doc("Node features (`--constraint`).", None)
+    exclusive: bool = doc("Whole nodes (`--exclusive`).", False)
+    reservation: str | None = doc("Slurm reservation (`--reservation`).", None)
+    nodelist: str | None = doc("Only these nodes (`--nodelist`).", None)
+    exclude: str | None = doc("Never these nodes (`--exclude`).", None)
+    object_store_memory: int | None = doc("Ray object store size in bytes.", None)
+    sbatch_options: dict[str, str] = doc(
+        "Any other sbatch long option, `{option: value}` (`{mail-type: END}`).",
+        default_factory=dict,
+    )
+    extra_directives: list[str] = doc(
+        "Raw extra `#SBATCH` option lines, each starting with `--`.", default_factory=list
+    )
+    environment: dict[str, str] = doc(
+        "Environment variables of this node type's job.", default_factory=dict
+    )
+    prologue: list[str] = doc(
+        "Shell lines run at the top of the job before anything else (module load, conda "
+        "activate). Trusted: they are your own commands.",
+        default_factory=list,
+    )
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(args[0], value, path)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}"
+            )
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (item,) = get_args(tp)
+        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        _, vt = get_args(tp)
+        return {str(k): _convert(vt, v, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return load(tp, value, path)  # type: ignore[arg-type]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
+
+
+def load(cls: type[T], data: Any, path: str, *, passthrough_prefix: str = "_") -> T:
+    """Build dataclass `cls` from `data`, rejecting unknown keys (keys starting with
+    `passthrough_prefix` are internal and ignored)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {data!r}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if passthrough_prefix and str(key).startswith(passthrough_prefix):
+            continue
+        if key not in fields:
+            raise ConfigError(
+                f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(fields))}"
+            )
+        kwargs[key] = _convert(hints[key], value, f"{path}.{key}")
+    return cls(**kwargs)
+
+
+def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:
+    """Value checks beyond types."""
+    if cfg.type != "external":
+        raise ConfigError(f"{path}.type: must be 'external', got {cfg.type!r}")
+    if cfg.drain_timeout_s < 0:
+        raise ConfigError(f"{path}.drain_timeout_s: must be >= 0, got {cfg.drain_timeout_s}")
+    if cfg.ray_start_attempts < 1:
+        raise ConfigError(f"{path}.ray_start_attempts: must be >= 1")
+    if not 0.0 < cfg.object_store_fraction < 1.0:
+        raise ConfigError(f"{path}.object_store_fraction: must be between 0 and 1")
+    if cfg.ports.base is not None and not 1024 <= cfg.ports.base <= 65525:
+        raise ConfigError(f"{path}.ports.base: must be in 1024-65525, got {cfg.ports.base}")
+
+
+def check_name(value: str, path: str) -> str:
+    """Cluster and node-type names end up in job names, file names and env vars."""
+    if not NAME_RE.match(value):
+        raise ConfigError(
+            f"{path}: {value!r} is not a valid name (letters, digits, '_', '.', '-'; "
+            "at most 63 characters, starting with a letter or digit)"
+        )
+    return value
+
+
+def parse_provider(data: Mapping[str, Any]) -> ProviderConfig:
+    cfg = load(ProviderConfig, data, "provider")
+    check_provider(cfg)
+    return cfg
+
+
+def parse_node_config(data: Mapping[str, Any] | None, node_type: str) -> NodeConfig:
+    return load(NodeConfig, data or {}, f"available_node_types.{node_type}.node_config")

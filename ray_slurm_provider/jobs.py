@@ -1,0 +1,137 @@
+"""From a Ray node type to a Slurm job: the job spec and the tags it carries.
+
+A Ray node is one Slurm job. All jobs of a cluster share the job name `ray-<cluster>`, so one
+`squeue --name` lists the whole cluster; the creation tags Ray passes (kind, node type,
+launch hash, launch request) travel in the job comment, so Slurm itself remembers which node
+is what, readable from the login node and from the head alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_slurm_provider.config import NodeConfig, ProviderConfig
+from ray_slurm_provider.node import NodeSpec
+from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.slurm.script import JobSpec
+from ray_slurm_provider.state import ClusterDir
+
+COMMENT_PREFIX = "ray-slurm:"
+MIB = 1024 * 1024
+
+
+def job_name(cluster_name: str) -> str:
+    return f"ray-{cluster_name}"
+
+
+def encode_tags(tags: Mapping[str, str]) -> str:
+    """Creation tags as the job comment (compact JSON; passed as an argv, never in a script)."""
+    return COMMENT_PREFIX + json.dumps(dict(tags), sort_keys=True, separators=(",", ":"))
+
+
+def decode_tags(comment: str) -> dict[str, str] | None:
+    """Tags from a job comment, or None when the job is not one of ours."""
+    if not comment.startswith(COMMENT_PREFIX):
+        return None
+    try:
+        data = json.loads(comment[len(COMMENT_PREFIX):])
+    except ValueError:
+        return None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class NodeCommands:
+    """The YAML commands a worker job runs itself (the head's go through `ray up`)."""
+
+    initialization: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    start: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> NodeCommands:
+        d = data or {}
+        return cls(list(d.get("initialization", [])), list(d.get("setup", [])),
+                   list(d.get("start", [])))
+
+
+def slurm_resources(ncfg: NodeConfig, resources: Mapping[str, int],
+                    object_store_fraction: float = 0.3) -> dict[str, Any]:
+    """CPUs, memory and GRES to ask Slurm for, from node_config or else Ray's resources.
+
+    Ray's `memory` excludes the object store, so the job asks for both.
+    """
+    cpus = ncfg.cpus if ncfg.cpus is not None else resources.get("CPU")
+    gpus = ncfg.gpus if ncfg.gpus is not None else resources.get("GPU")
+    mem = ncfg.mem
+    if mem is None and resources.get("memory"):
+        total = resources["memory"] / (1 - object_store_fraction)
+        mem = f"{math.ceil(total / MIB)}M"
+    gres = None
+    if gpus:
+        gres = f"gpu:{ncfg.gpu_type}:{gpus}" if ncfg.gpu_type else f"gpu:{gpus}"
+    return {"cpus_per_task": cpus, "mem": mem, "gres": gres}
+
+
+def build_job(
+    *,
+    pcfg: ProviderConfig,
+    cluster_name: str,
+    node_type: str,
+    kind: str,
+    ncfg: NodeConfig,
+    resources: Mapping[str, int],
+    labels: Mapping[str, str],
+    commands: NodeCommands,
+    python: str,
+) -> JobSpec:
+    """The Slurm job of one Ray node."""
+    cdir = ClusterDir(pcfg.state_dir, cluster_name)
+    spec = NodeSpec(
+        kind=kind,
+        node_type=node_type,
+        cluster_name=cluster_name,
+        state_dir=pcfg.state_dir,
+        ports_base=port_block(cluster_name, pcfg.ports.base).base,
+        start_commands=commands.start if kind == "worker" else [],
+        resources=dict(resources),
+        labels=dict(labels),
+        auth_mode=pcfg.auth.mode,
+        temp_dir_root=pcfg.temp_dir_root,
+        node_ip_interface=pcfg.node_ip_interface,
+        drain_timeout_s=pcfg.drain_timeout_s,
+        attempts=pcfg.ray_start_attempts,
+        head_start_timeout_s=pcfg.head_start_timeout_s,
+        object_store_memory=ncfg.object_store_memory,
+        object_store_fraction=pcfg.object_store_fraction,
+    )
+    # Worker jobs run the YAML's initialization and setup commands themselves; the head's
+    # are run by `ray up` through the command runner, as on any other provider.
+    setup = [*ncfg.prologue]
+    if kind == "worker":
+        setup += [*commands.initialization, *commands.setup]
+    return JobSpec(
+        job_name=job_name(cluster_name),
+        command=[python, "-m", "ray_slurm_provider.node", "--spec", spec.to_json()],
+        partition=ncfg.partition,
+        account=ncfg.account,
+        qos=ncfg.qos,
+        time=ncfg.time,
+        constraint=ncfg.constraint,
+        exclusive=ncfg.exclusive,
+        reservation=ncfg.reservation,
+        nodelist=ncfg.nodelist,
+        exclude=ncfg.exclude,
+        output=str(cdir.logs / "%j.out"),
+        open_mode="append",
+        requeue=False,  # a preempted node must not come back silently under the same id
+        sbatch_options=dict(ncfg.sbatch_options),
+        extra_directives=list(ncfg.extra_directives),
+        environment={**pcfg.environment, **ncfg.environment, "PYTHONUNBUFFERED": "1"},
+        setup=setup,
+        **slurm_resources(ncfg, resources, pcfg.object_store_fraction),
+    )

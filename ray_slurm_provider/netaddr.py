@@ -1,0 +1,37 @@
+"""Which address a node's Ray binds: Slurm's NodeAddr, or a configured interface.
+
+The hostname is no good on HPC nodes (it may resolve to a management network, or not at all:
+the sandbox's nodes share one hostname), so the default is the NodeAddr Slurm itself uses to
+reach the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ray_slurm_provider import proc
+
+
+def interface_ip(name: str) -> str:
+    """The first IPv4 address of interface `name`."""
+    out = proc.run(["ip", "-4", "-o", "addr", "show", "dev", name], timeout=10).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            return parts[parts.index("inet") + 1].split("/")[0]
+    raise RuntimeError(f"interface {name!r} has no IPv4 address")
+
+
+def node_ip(env: Mapping[str, str], interface: str | None = None) -> str:
+    """This job's node address."""
+    if interface:
+        return interface_ip(interface)
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
+
+    name = env.get("SLURMD_NODENAME", "")
+    if not name:
+        raise RuntimeError("SLURMD_NODENAME is not set: not running inside a Slurm job?")
+    addr = CliSlurmClient().node_addresses().get(name)
+    if not addr:
+        raise RuntimeError(f"Slurm does not know the address of node {name!r}")
+    return addr

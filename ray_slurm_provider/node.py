@@ -1,0 +1,275 @@
+"""The node agent: runs in every job's batch step and keeps Ray there.
+
+`python -m ray_slurm_provider.node --spec '<json>'` is the last line of every job script.
+Running Ray under the batch step (with `ray start --block`) ties the Ray node's life to the
+job's: `scancel`, the time limit or a node failure end Ray, and Ray ending ends the job, so no
+job lingers without a Ray node and no Ray node outlives its job.
+
+* worker: builds `ray start` from the node type's `worker_start_ray_commands`, adds what
+  Slurm allocated (CPUs, GPUs, memory, the node's address) and the cluster's ports, and
+  retries a failed start before ending the job with a clear log line.
+* head: `ray up` cannot be told "the head starts itself", so it runs the head's start
+  commands through our command runner, which hands them over here (`start.json`); the agent
+  starts Ray in the batch step and reports back (`result.json`). A later `ray up` hands over
+  again and the agent restarts Ray in place; `ray stop` stops only this job's Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray_slurm_provider import program, proc
+from ray_slurm_provider.launch_flags import ray_start_argv
+from ray_slurm_provider.state import ClusterDir, read_json, write_json
+
+STARTED_MARKER = "Ray runtime started"
+
+
+@dataclass
+class NodeSpec:
+    """Everything a job needs to start its Ray node; rendered as JSON into the job script."""
+
+    kind: str  # "head" | "worker"
+    node_type: str
+    cluster_name: str
+    state_dir: str
+    ports_base: int
+    start_commands: list[str] = field(default_factory=list)
+    resources: dict[str, int] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    auth_mode: str = "token"
+    temp_dir_root: str = "/tmp"
+    node_ip_interface: str | None = None
+    drain_timeout_s: int = 5
+    attempts: int = 3
+    head_start_timeout_s: int = 1800
+    object_store_memory: int | None = None
+    object_store_fraction: float = 0.3
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeSpec:
+        return cls(**json.loads(text))
+
+
+def log(msg: str) -> None:
+    print(f"[ray-slurm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Agent:
+    def __init__(self, spec: NodeSpec, env: dict[str, str]) -> None:
+        self.spec = spec
+        self.env = env
+        self.job_id = env["SLURM_JOB_ID"]
+        self.cdir = ClusterDir(spec.state_dir, spec.cluster_name)
+        self.ndir = self.cdir.node(self.job_id)
+        self.child: Any = None
+        self.terminating = False
+        self.interrupted = False
+        self.temp_dir = f"{spec.temp_dir_root.rstrip('/')}/rsp-{self.job_id}"
+
+    # --- plumbing -------------------------------------------------------------------------
+    def node_ip(self) -> str:
+        from ray_slurm_provider.netaddr import node_ip
+
+        return node_ip(self.env, self.spec.node_ip_interface)
+
+    def on_term(self, signum: int, _frame: Any) -> None:
+        self.terminating = True
+        log(f"signal {signum}: stopping Ray (drain up to {self.spec.drain_timeout_s}s)")
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def run_ray(self, argv: list[str], env: dict[str, str], on_started: Any) -> int:
+        """Run `ray start --block`; stream its output; call on_started once Ray is up."""
+        log("starting: " + " ".join(argv))
+        self.child = proc.start(argv, env=env)
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if STARTED_MARKER in line:
+                on_started()
+        code = int(self.child.wait())
+        self.child = None
+        return code
+
+    def run_before(self, cmds: list[str], env: dict[str, str]) -> None:
+        for c in cmds:
+            log(f"running: {c}")
+            res = proc.run(["bash", "-c", c], env=env, timeout=3600, check=False)
+            sys.stdout.write(res.stdout + res.stderr)
+            if res.returncode != 0:
+                raise RuntimeError(f"command failed with exit code {res.returncode}: {c}")
+
+    def build(self, prog: program.Program, extra_env: dict[str, str]) -> tuple[
+        list[str], dict[str, str]
+    ]:
+        ip = self.node_ip()
+        head = read_json(self.cdir.head_info) if self.spec.kind == "worker" else None
+        if self.spec.kind == "worker" and not head:
+            raise RuntimeError(f"no running head found ({self.cdir.head_info} missing)")
+        head_ip = ip if head is None else str(head["ip"])
+        # Ray's per-node overrides come only from this node's own start request.
+        inherited = {k: v for k, v in self.env.items()
+                     if k not in ("RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS")}
+        argv, env = ray_start_argv(
+            self.spec, prog, env={**inherited, **extra_env}, job_id=self.job_id, node_ip=ip,
+            head_ip=head_ip, temp_dir=self.temp_dir, cluster_dir=self.cdir,
+        )
+        return argv, env
+
+    def mark_started(self, argv: list[str], env: dict[str, str]) -> None:
+        ip = program.get_flag(argv, "--node-ip-address") or ""
+        write_json(self.ndir / "ray.json", {"ip": ip, "job_id": self.job_id})
+        if self.spec.kind == "head":
+            port = program.get_flag(argv, "--port") or "6379"
+            write_json(self.cdir.head_info, {
+                "job_id": self.job_id, "ip": ip, "gcs_port": int(port),
+                "dashboard_port": int(program.get_flag(argv, "--dashboard-port") or 8265),
+                "client_port": int(program.get_flag(argv, "--ray-client-server-port") or 10001),
+            })
+        log(f"Ray is up on {ip} (job {self.job_id}, node type {self.spec.node_type})")
+
+    def unmark(self) -> None:
+        """Ray is no longer up here."""
+        (self.ndir / "ray.json").unlink(missing_ok=True)
+        if self.spec.kind == "head":
+            info = read_json(self.cdir.head_info)
+            if info and info.get("job_id") == self.job_id:
+                self.cdir.head_info.unlink(missing_ok=True)
+
+    def cleanup(self) -> None:
+        self.unmark()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    # --- roles ----------------------------------------------------------------------------
+    def worker(self) -> int:
+        cmds = self.spec.start_commands or ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
+        prog = program.parse("; ".join(cmds))
+        for attempt in range(1, self.spec.attempts + 1):
+            started = False
+            try:
+                argv, env = self.build(prog, {})
+                self.run_before(prog.before, env)
+
+                def up(a: list[str] = argv, e: dict[str, str] = env) -> None:
+                    nonlocal started
+                    started = True
+                    self.mark_started(a, e)
+
+                code = self.run_ray(argv, env, up)
+            except (RuntimeError, proc.CommandError) as e:
+                log(f"ray start attempt {attempt} failed: {e}")
+                code = 1
+            if started or self.terminating:
+                log(f"Ray exited with code {code}; the job ends")
+                return code
+            log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code})")
+            if attempt < self.spec.attempts:
+                time.sleep(min(2**attempt, 30))
+        log("giving up: Ray never started on this node; ending the job so the autoscaler "
+            "can replace it")
+        return 1
+
+    def head(self) -> int:
+        handled = ""
+        while not self.terminating:
+            req = self.wait_for_request(handled)
+            if req is None:
+                if not self.terminating:
+                    log("no start command from `ray up` in time; ending the job")
+                return 1
+            handled = str(req["id"])
+            (self.ndir / "stop").unlink(missing_ok=True)
+            self.interrupted = False
+            code = self.head_once(req, handled)
+            if self.terminating or not self.interrupted:
+                log(f"Ray exited with code {code}; the job ends")
+                return code
+            log("Ray stopped on request; waiting for the next start command")
+        return 0
+
+    def wait_for_request(self, handled: str) -> dict[str, Any] | None:
+        deadline = time.monotonic() + self.spec.head_start_timeout_s
+        while not self.terminating and time.monotonic() < deadline:
+            req = read_json(self.ndir / "start.json")
+            if req and str(req.get("id")) != handled:
+                return dict(req)
+            time.sleep(0.2)
+        return None
+
+    def watch(self, req_id: str) -> None:
+        """While Ray runs: a `stop` file or a newer start request stops it (not the job)."""
+        while self.child is not None and self.child.poll() is None:
+            req = read_json(self.ndir / "start.json") or {}
+            if (self.ndir / "stop").exists() or str(req.get("id", req_id)) != req_id:
+                self.interrupted = True
+                log("stop requested: stopping this job's Ray")
+                self.child.send_signal(signal.SIGTERM)
+                return
+            time.sleep(0.5)
+
+    def head_once(self, req: dict[str, Any], req_id: str) -> int:
+        prog = program.Program(exports=dict(req.get("exports", {})),
+                               before=list(req.get("before", [])),
+                               ray_start=list(req["ray_start"]))
+        try:
+            argv, env = self.build(prog, dict(req.get("env", {})))
+            self.run_before(prog.before, env)
+        except (RuntimeError, proc.CommandError) as e:
+            log(f"head start failed: {e}")
+            write_json(self.ndir / "result.json", {"id": req_id, "ok": False, "error": str(e)})
+            self.interrupted = True  # let `ray up` try again
+            return 1
+
+        def up() -> None:
+            self.mark_started(argv, env)
+            write_json(self.ndir / "result.json", {"id": req_id, "ok": True})
+            threading.Thread(target=self.watch, args=(req_id,), daemon=True).start()
+
+        code = self.run_ray(argv, env, up)
+        self.unmark()
+        result = read_json(self.ndir / "result.json") or {}
+        if result.get("id") != req_id:
+            write_json(self.ndir / "result.json",
+                       {"id": req_id, "ok": False, "error": f"ray start exited with {code}"})
+            self.interrupted = True
+        return code
+
+    def main(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_term)
+        signal.signal(signal.SIGINT, self.on_term)
+        self.ndir.mkdir(parents=True, exist_ok=True)
+        write_json(self.ndir / "agent.json", {
+            "host": self.env.get("SLURMD_NODENAME", ""), "pid": os.getpid(),
+            "kind": self.spec.kind,
+        })
+        try:
+            return self.head() if self.spec.kind == "head" else self.worker()
+        finally:
+            self.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ray_slurm_provider.node")
+    ap.add_argument("--spec", required=True, help="NodeSpec as JSON")
+    args = ap.parse_args(argv)
+    spec = NodeSpec.from_json(args.spec)
+    return Agent(spec, dict(os.environ)).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

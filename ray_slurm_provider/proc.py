@@ -1,0 +1,181 @@
+"""The one place that runs external commands.
+
+Every command is an argv list with a timeout; nothing goes through a shell. Failures are
+typed so callers can tell "the binary is missing" from "it ran and said no" from "it hung".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class CommandError(Exception):
+    """A command could not be run or exited non-zero."""
+
+    def __init__(self, argv: Sequence[str], message: str, returncode: int | None = None,
+                 stdout: str = "", stderr: str = "") -> None:
+        super().__init__(message)
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class CommandNotFound(CommandError):
+    """The executable does not exist on PATH."""
+
+
+class CommandTimeout(CommandError):
+    """The command ran past its timeout and was killed."""
+
+
+class CommandFailed(CommandError):
+    """The command exited non-zero; `stderr` holds its own words."""
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    cwd: str | None = None,
+) -> Result:
+    """Run `argv` and capture its output as text.
+
+    `env`, when given, replaces the environment entirely (callers build it with `clean_env`).
+    With `check`, a non-zero exit raises `CommandFailed` carrying stderr.
+    """
+    args = [str(a) for a in argv]
+    if not args:
+        raise ValueError("empty argv")
+    try:
+        cp = subprocess.run(
+            args,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            check=False,
+        )
+    except FileNotFoundError as e:
+        raise CommandNotFound(args, f"{args[0]}: command not found") from e
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s", None, out, err) from e
+    res = Result(args, cp.returncode, cp.stdout, cp.stderr)
+    if check and cp.returncode != 0:
+        msg = (cp.stderr.strip() or cp.stdout.strip() or f"exit code {cp.returncode}")
+        raise CommandFailed(args, msg, cp.returncode, cp.stdout, cp.stderr)
+    return res
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """Start a long-running child whose output the caller streams (the node agent's Ray).
+
+    stdout and stderr are merged into one text pipe, line-buffered.
+    """
+    args = [str(a) for a in argv]
+    try:
+        return subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=dict(env) if env is not None else None,
+        )
+    except FileNotFoundError as e:
+        raise CommandNotFound(args, f"{args[0]}: command not found") from e
+
+
+def run_attached(
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run with the caller's stdin/stdout/stderr (interactive shells, streamed output).
+
+    Returns the exit code; raises CommandTimeout past `timeout` (None: no limit, for
+    `ray attach`).
+    """
+    args = [str(a) for a in argv]
+    try:
+        return subprocess.run(args, env=dict(env) if env is not None else None,
+                              timeout=timeout, check=False).returncode
+    except FileNotFoundError as e:
+        raise CommandNotFound(args, f"{args[0]}: command not found") from e
+    except subprocess.TimeoutExpired as e:
+        raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s") from e
+
+
+def clean_env(
+    base: Mapping[str, str] | None = None,
+    *,
+    drop_prefixes: Sequence[str] = (),
+    keep: Sequence[str] = (),
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A copy of `base` (default: os.environ) without variables starting with any prefix.
+
+    Used to stop a job's own SLURM_* variables from leaking into the jobs it submits.
+    """
+    src = os.environ if base is None else base
+    out = {k: v for k, v in src.items()
+           if k in keep or not any(k.startswith(p) for p in drop_prefixes)}
+    if extra:
+        out.update(extra)
+    return out
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    log_path: str,
+) -> int:
+    """Start a long-running process that does not daemonize itself; return its pid.
+
+    The process gets its own session (no terminal signals reach it), stdin from /dev/null and
+    stdout/stderr appended to `log_path`. The caller does not wait for it: it records the pid
+    and later stops it by that pid.
+    """
+    args = [str(a) for a in argv]
+    if not args:
+        raise ValueError("empty argv")
+    with open(log_path, "ab") as log:
+        try:
+            p = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except FileNotFoundError as e:
+            raise CommandNotFound(args, f"{args[0]}: command not found") from e
+    return p.pid

@@ -1,0 +1,121 @@
+"""``ray-slurm sandbox up|status|down``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.sandbox import config, daemons
+from ray_slurm_provider.sandbox.core import STATE_DIR_ENV, Sandbox
+from ray_slurm_provider.sandbox.procs import SandboxError
+
+
+def register(sub: Any) -> None:
+    """Add the ``sandbox`` command group to a ``ray-slurm`` subparsers object."""
+    p = sub.add_parser("sandbox", help="a real multi-node Slurm cluster on this machine (root)",
+                       description="A local Slurm cluster for tests and development: munged, "
+                       "slurmctld, N slurmd (n1..nN on 127.0.0.2..), slurmrestd with JWT and, "
+                       "with --docker, a private dockerd. Everything lives in one state dir.")
+    ssub = p.add_subparsers(dest="sandbox_command", metavar="{up,status,down}")
+    ssub.required = True
+
+    up = ssub.add_parser("up", help="start the sandbox (idempotent) and print its exports")
+    up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    up.add_argument("--gpus-per-node", type=int, default=2,
+                    help="fake GPUs per node (default 2; 0: no gpu partition)")
+    up.add_argument("--cpus-per-node", type=int, default=2, help="CPUs per node (default 2)")
+    up.add_argument("--memory-per-node", type=int, default=4000, metavar="MB",
+                    help="RealMemory per node in MB (default 4000)")
+    up.add_argument("--docker", action="store_true",
+                    help="also start a private dockerd (DOCKER_HOST) and a container Epilog")
+    up.add_argument("--install", action="store_true",
+                    help="apt-get install the missing packages instead of failing")
+    up.add_argument("--port-offset", type=int, default=0,
+                    help="add this to every daemon port, to run a second sandbox beside "
+                    "another (default 0: slurmctld 6817, slurmrestd 6820, slurmd 6831+)")
+    _state_dir_arg(up)
+    up.set_defaults(func=cmd_up)
+
+    st = ssub.add_parser("status", help="daemons and nodes; exit 0 only when all is up")
+    _state_dir_arg(st)
+    st.set_defaults(func=cmd_status)
+
+    down = ssub.add_parser("down", help="stop everything `up` started and remove the state dir")
+    _state_dir_arg(down)
+    down.set_defaults(func=cmd_down)
+
+
+def _state_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", default=None,
+                   help=f"state directory (default: ${STATE_DIR_ENV} or /tmp/rsp-sandbox)")
+
+
+def _fail(command: str, err: Exception) -> int:
+    print(f"ray-slurm sandbox {command}: error: {err}", file=sys.stderr)
+    return 1
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        sb = Sandbox(args.state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                     cpus_per_node=args.cpus_per_node,
+                     memory_mb_per_node=args.memory_per_node, docker=args.docker,
+                     port_offset=args.port_offset)
+        t0 = time.monotonic()
+        env = sb.up(install=args.install)
+    except (SandboxError, ValueError) as e:
+        return _fail("up", e)
+    spec = sb.spec
+    last = config.node_addr(spec.nodes)
+    print(f"# Slurm sandbox up in {time.monotonic() - t0:.1f}s: {spec.nodes} node(s) "
+          f"{config.hostlist(spec.nodes)} on 127.0.0.2..{last}, {spec.cpus_per_node} CPUs, "
+          f"{spec.memory_mb_per_node} MB, {spec.gpus_per_node} fake GPU(s) each; "
+          f"state in {sb.state_dir}")
+    for key in sorted(env):
+        print(f"export {key}={shlex.quote(env[key])}")
+    print(f"""# Use it from a shell:  source {sb.layout.env_file}
+#   sinfo -N -o '%N %P %T %c %m %G'
+#   sbatch -p cpu -w n2 --wrap 'echo hello from $SLURMD_NODENAME'   # output in ./slurm-<id>.out
+#   srun -p gpu --gres=gpu:1 bash -c 'echo $CUDA_VISIBLE_DEVICES'""")
+    if spec.gpus_per_node == 0:
+        print("#   (no gpu partition: started with --gpus-per-node 0)")
+    print("#   ray-slurm sandbox status;  ray-slurm sandbox down")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        sb = Sandbox(args.state_dir)
+        st = sb.status()
+    except (SandboxError, ValueError) as e:
+        return _fail("status", e)
+    if not st.daemons:
+        print(f"no sandbox at {st.state_dir}")
+        return 1
+    print(f"sandbox at {st.state_dir}: {'running' if st.running else 'NOT fully running'}")
+    width = max(len(n) for n in st.daemons)
+    for name, pid in st.daemons.items():
+        print(f"  {name:<{width}}  {pid if pid is not None else '-- not running'}")
+    if st.daemons.get("slurmctld") is not None:
+        try:
+            res = proc.run(["sinfo", "-N", "-o", "%N %P %T %c %m %G"],
+                           env=daemons.client_env(sb.layout), timeout=20)
+            print(res.stdout.rstrip())
+        except proc.CommandError as e:
+            print(f"sinfo failed: {e}")
+    return 0 if st.running else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    sb = Sandbox(args.state_dir)
+    t0 = time.monotonic()
+    try:
+        sb.down()
+    except (SandboxError, ValueError) as e:
+        return _fail("down", e)
+    print(f"sandbox at {sb.state_dir} is down ({time.monotonic() - t0:.1f}s)")
+    return 0

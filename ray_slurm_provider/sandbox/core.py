@@ -1,0 +1,288 @@
+"""`Sandbox`: a real multi-node Slurm cluster (plus an optional private dockerd) on this machine.
+
+Everything lives under one state directory; nothing in /etc is touched. Clients find the
+cluster through ``SLURM_CONF`` (see `Sandbox.env`). Needs root and the Debian packages
+``slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge`` (``docker.io`` with ``docker=True``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.sandbox import config, daemons, files, prereq, probes
+from ray_slurm_provider.sandbox.config import SandboxSpec
+from ray_slurm_provider.sandbox.layout import Layout
+from ray_slurm_provider.sandbox.procs import (
+    Entry,
+    Registry,
+    SandboxError,
+    is_ours,
+    job_processes,
+    kill_pids,
+    owned_processes,
+    terminate,
+)
+
+DEFAULT_STATE_DIR = "/tmp/rsp-sandbox"
+STATE_DIR_ENV = "RAY_SLURM_SANDBOX_DIR"
+#: How long `down` lets cancelled jobs finish (TERM, KillWait, KILL, Epilog) before it stops
+#: the daemons anyway.
+JOB_DRAIN_TIMEOUT_S = config.KILL_WAIT_S + 20.0
+
+
+def default_state_dir() -> str:
+    return os.path.abspath(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """A snapshot: each daemon's pid (None when it is not running) and each node's state."""
+
+    state_dir: str
+    daemons: dict[str, int | None] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)  # "n1" -> "idle", "mix", "down*", ...
+
+    @property
+    def running(self) -> bool:
+        """True when every daemon runs and every node is up."""
+        return (bool(self.daemons) and all(p is not None for p in self.daemons.values())
+                and bool(self.nodes) and all(probes.node_ready(s) for s in self.nodes.values()))
+
+
+class Sandbox:
+    """A local Slurm cluster: munged, slurmctld, N slurmd (n1..nN on 127.0.0.2..), slurmrestd
+    with JWT on 127.0.0.1:6820 and, with ``docker=True``, a private dockerd.
+
+    The constructor has no side effects. `up` is idempotent; `down` stops only what `up`
+    started (by pid) and removes the state dir. Only one sandbox per port set can run on a
+    machine; ``port_offset`` shifts every daemon port so a second one can run beside it.
+    """
+
+    def __init__(self, state_dir: str | None = None, nodes: int = 3, gpus_per_node: int = 2,
+                 cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
+                 docker: bool = False, *, port_offset: int = 0) -> None:
+        self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
+                                cpus_per_node=cpus_per_node,
+                                memory_mb_per_node=memory_mb_per_node, docker=docker,
+                                port_offset=port_offset)
+        root = os.path.abspath(state_dir) if state_dir else default_state_dir()
+        self.layout = Layout(root)
+        self._registry = Registry(self.layout.pids_file)
+
+    @classmethod
+    def from_state_dir(cls, state_dir: str | None = None) -> Sandbox:
+        """The sandbox whose state dir exists, with the shape it was brought up with."""
+        layout = Layout(os.path.abspath(state_dir) if state_dir else default_state_dir())
+        spec = files.read_spec(layout)
+        if spec is None:
+            raise SandboxError(f"no sandbox at {layout.root} (run `ray-slurm sandbox up`)")
+        return cls(layout.root, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                   cpus_per_node=spec.cpus_per_node,
+                   memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
+                   port_offset=spec.port_offset)
+
+    @property
+    def state_dir(self) -> str:
+        return self.layout.root
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.state_dir!r}, {self.spec})"
+
+    def env(self) -> dict[str, str]:
+        """Variables a client exports to use the sandbox. Never SLURM_JWT: with it, srun
+        authenticates by JWT and task launch fails."""
+        env = {
+            "SLURM_CONF": self.layout.slurm_conf,
+            "RAY_SLURM_REST_URL": self.spec.rest_url,
+            "RAY_SLURM_JWT_FILE": self.layout.token_file,
+            STATE_DIR_ENV: self.layout.root,
+        }
+        if self.spec.docker:
+            env["DOCKER_HOST"] = self.layout.docker_host
+        return env
+
+    # -- up ---------------------------------------------------------------------------------
+
+    def up(self, install: bool = False) -> dict[str, str]:
+        """Start whatever is not running and wait until it all works; return `env()`.
+
+        Checks root and packages first (``install=True`` runs apt-get). A second call on a
+        healthy sandbox starts nothing.
+        """
+        prereq.check_root()
+        prereq.ensure_packages(self.spec.docker, install)
+        if os.path.isdir(self.state_dir) and not files.looks_like_sandbox(self.layout):
+            raise SandboxError(f"{self.state_dir} exists and is not a sandbox state dir "
+                               "(no sandbox.json); choose an empty or new directory")
+        with files.locked(self.layout):
+            saved = files.read_spec(self.layout)
+            if saved is not None and saved != self.spec and self._alive_entries():
+                raise SandboxError(
+                    f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
+                    "run `ray-slurm sandbox down` first, or use another --state-dir")
+            files.prepare(self.layout, self.spec)
+            self._forget_unknown()
+            self._start_missing()
+            daemons.ensure_token(self.layout, self.spec)
+            files.write_env_sh(self.layout, self.env())
+        return self.env()
+
+    def _alive_entries(self) -> dict[str, Entry]:
+        return {n: e for n, e in self._registry.load().items() if is_ours(e)}
+
+    def _forget_unknown(self) -> None:
+        known = set(daemons.daemon_names(self.spec))
+        for name, entry in self._registry.load().items():
+            if name not in known:
+                if is_ours(entry):
+                    raise SandboxError(f"{name} (pid {entry.pid}) runs but is not part of "
+                                       f"this sandbox's shape; run `down` first")
+                self._registry.forget(name)
+
+    def _start_missing(self) -> None:
+        alive = self._alive_entries()
+        names = [n for n in daemons.daemon_names(self.spec) if n not in alive]
+        started: dict[str, Entry] = {}
+        if "dockerd" in names:  # slowest to start: let it come up while Slurm does
+            started["dockerd"] = daemons.start("dockerd", self.layout, self.spec, self._registry)
+        for name in ("munged", "slurmctld"):
+            if name in names:
+                started[name] = daemons.start(name, self.layout, self.spec, self._registry)
+                daemons.wait_ready(name, self.layout, self.spec, started[name])
+        slurmds = [n for n in names if n.startswith("slurmd:")]
+        for name in slurmds:
+            started[name] = daemons.start(name, self.layout, self.spec, self._registry)
+        self._wait_nodes({n: started.get(n) or alive[n] for n in
+                          daemons.daemon_names(self.spec) if n.startswith("slurmd:")})
+        if "slurmrestd" in names:
+            started["slurmrestd"] = daemons.start("slurmrestd", self.layout, self.spec,
+                                                  self._registry)
+            daemons.wait_ready("slurmrestd", self.layout, self.spec, started["slurmrestd"])
+        if "dockerd" in started:
+            daemons.wait_ready("dockerd", self.layout, self.spec, started["dockerd"])
+
+    def _wait_nodes(self, slurmds: dict[str, Entry]) -> None:
+        env = daemons.client_env(self.layout)
+        states: dict[str, str] = {}
+
+        def all_ready() -> bool:
+            nonlocal states
+            for name, entry in slurmds.items():
+                if not is_ours(entry):
+                    raise SandboxError(f"{name} (pid {entry.pid}) exited during startup\n"
+                                       + daemons.describe_failure(name, self.layout))
+            states = probes.node_states(env)
+            return all(probes.node_ready(states.get(n.split(":", 1)[1], "unk"))
+                       for n in slurmds)
+
+        probes.wait_until(all_ready, max(60.0, 2.0 * len(slurmds)),
+                          "the nodes to be idle in sinfo",
+                          lambda: f"node states: {states}\n"
+                          + daemons.describe_failure("slurmctld", self.layout))
+
+    # -- status / single daemons --------------------------------------------------------------
+
+    def status(self) -> SandboxStatus:
+        """Which daemons run (name -> pid or None) and the node states from sinfo."""
+        spec = files.read_spec(self.layout)
+        if spec is None:
+            return SandboxStatus(self.state_dir)
+        entries = self._registry.load()
+        pids: dict[str, int | None] = {}
+        for name in daemons.daemon_names(spec):
+            entry = entries.get(name)
+            pids[name] = entry.pid if entry is not None and is_ours(entry) else None
+        nodes = (probes.node_states(daemons.client_env(self.layout))
+                 if pids.get("slurmctld") is not None else {})
+        return SandboxStatus(self.state_dir, pids, nodes)
+
+    def stop_daemon(self, name: str) -> None:
+        """Stop one daemon (e.g. "slurmctld", "slurmrestd", "slurmd:n2") by its pid and wait
+        until it is gone. A daemon that is not running is left alone."""
+        daemons.argv_for(name, self.layout, self._saved_spec())  # validates the name
+        with files.locked(self.layout):
+            entry = self._registry.load().get(name)
+            if entry is not None and is_ours(entry):
+                left = kill_pids([entry.pid])
+                if left:
+                    raise SandboxError(f"{name} (pid {entry.pid}) survived SIGKILL")
+            self._registry.forget(name)
+
+    def start_daemon(self, name: str) -> None:
+        """Start one daemon again (after `stop_daemon`) and wait until it is ready."""
+        spec = self._saved_spec()
+        daemons.argv_for(name, self.layout, spec)
+        with files.locked(self.layout):
+            entry = self._registry.load().get(name)
+            if entry is not None and is_ours(entry):
+                return
+            entry = daemons.start(name, self.layout, spec, self._registry)
+            daemons.wait_ready(name, self.layout, spec, entry)
+            if name == "slurmctld" or name.startswith("slurmd:"):
+                # A restarted controller shows nodes "unk" until their slurmd re-registers.
+                entries = self._registry.load()
+                self._wait_nodes({n: e for n, e in entries.items()
+                                  if n.startswith("slurmd:") and is_ours(e)})
+
+    def _saved_spec(self) -> SandboxSpec:
+        spec = files.read_spec(self.layout)
+        if spec is None:
+            raise SandboxError(f"no sandbox at {self.state_dir} (run `up` first)")
+        return spec
+
+    # -- down ---------------------------------------------------------------------------------
+
+    def down(self) -> None:
+        """Cancel the sandbox's jobs, remove its containers, stop every daemon `up` started
+        (SIGTERM together, SIGKILL after a deadline) and remove the state dir."""
+        if not os.path.isdir(self.state_dir):
+            return
+        if not files.looks_like_sandbox(self.layout):
+            raise SandboxError(f"{self.state_dir} is not a sandbox state dir (no sandbox.json); "
+                               "refusing to remove it")
+        with files.locked(self.layout, create=False) as have_lock:
+            if not have_lock:
+                return
+            entries = self._registry.load()
+            live = {n: e for n, e in entries.items() if is_ours(e)}
+            if "dockerd" in live:
+                self._remove_containers()
+            if "slurmctld" in live:
+                self._cancel_jobs()
+            left = terminate(live.values())
+            # What outlived its daemon: slurmstepd, containerd and shims (they carry our
+            # marker), and job processes that escaped proctrack/linuxproc.
+            strays = owned_processes(self.state_dir) + job_processes(self.layout.slurm_conf)
+            left += kill_pids(strays, term_timeout_s=5.0)
+            files.remove_state_dir(self.layout)
+        if left:
+            raise SandboxError(f"processes survived SIGKILL: {left}")
+
+    def _remove_containers(self) -> None:
+        try:
+            probes.docker_remove_all(self.layout.docker_socket)
+        except (OSError, SandboxError):
+            pass  # dockerd stops below; its containers go with it
+
+    def _cancel_jobs(self) -> None:
+        env = daemons.client_env(self.layout)
+        try:
+            res = proc.run(["squeue", "-h", "-o", "%A"], env=env, timeout=20)
+            ids = res.stdout.split()
+            if not ids:
+                return
+            proc.run(["scancel", *ids], env=env, timeout=30, check=False)
+        except proc.CommandError:
+            return
+
+        def drained() -> bool:
+            r = proc.run(["squeue", "-h", "-o", "%A"], env=env, timeout=20, check=False)
+            stepds = owned_processes(self.state_dir, names=["slurmstepd"])
+            return r.returncode == 0 and not r.stdout.split() and not stepds
+
+        try:
+            probes.wait_until(drained, JOB_DRAIN_TIMEOUT_S, "cancelled jobs to end")
+        except (SandboxError, proc.CommandError):
+            pass  # stop the daemons anyway; the sweep in `down` kills leftover slurmstepd

@@ -1,0 +1,125 @@
+"""Where everything lives: every path of a sandbox, all under one state directory.
+
+    <state>/sandbox.json  pids.json  lock  env.sh  jwt.token (0600)
+            etc/slurm.conf gres.conf epilog.sh     (world-readable: slurmrestd runs as nobody)
+            munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
+            fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_MAX_SOCKET_PATH = 100  # sun_path is 108 bytes, keep a margin
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path the sandbox uses, all under one state directory."""
+
+    root: str
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.root):
+            raise ValueError(f"state dir must be an absolute path, got {self.root!r}")
+        longest = max(self.munge_socket, self.docker_socket, key=len)
+        if len(longest) > _MAX_SOCKET_PATH:
+            raise ValueError(f"state dir {self.root!r} is too long for a unix socket path")
+
+    def _p(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    # files the sandbox itself keeps
+    @property
+    def spec_file(self) -> str:
+        return self._p("sandbox.json")
+
+    @property
+    def pids_file(self) -> str:
+        return self._p("pids.json")
+
+    @property
+    def lock_file(self) -> str:
+        return self._p("lock")
+
+    @property
+    def env_file(self) -> str:
+        return self._p("env.sh")
+
+    @property
+    def token_file(self) -> str:
+        return self._p("jwt.token")
+
+    # directories
+    @property
+    def etc_dir(self) -> str:
+        return self._p("etc")
+
+    @property
+    def munge_dir(self) -> str:
+        return self._p("munge")
+
+    @property
+    def ctld_dir(self) -> str:
+        return self._p("ctld")
+
+    @property
+    def spool_dir(self) -> str:
+        return self._p("spool")
+
+    @property
+    def run_dir(self) -> str:
+        return self._p("run")
+
+    @property
+    def log_dir(self) -> str:
+        return self._p("log")
+
+    @property
+    def fakegpu_dir(self) -> str:
+        return self._p("fakegpu")
+
+    @property
+    def docker_dir(self) -> str:
+        return self._p("docker")
+
+    # individual files
+    @property
+    def slurm_conf(self) -> str:
+        return self._p("etc", "slurm.conf")
+
+    @property
+    def gres_conf(self) -> str:
+        return self._p("etc", "gres.conf")
+
+    @property
+    def epilog(self) -> str:
+        return self._p("etc", "epilog.sh")
+
+    @property
+    def munge_key(self) -> str:
+        return self._p("munge", "munge.key")
+
+    @property
+    def munge_socket(self) -> str:
+        return self._p("munge", "munge.socket")
+
+    @property
+    def jwt_key(self) -> str:
+        return self._p("ctld", "jwt_hs256.key")
+
+    @property
+    def docker_socket(self) -> str:
+        return self._p("docker", "docker.sock")
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.docker_socket}"
+
+    def log(self, name: str) -> str:
+        """Log file for a daemon's own stdout/stderr ("slurmd:n1" -> log/slurmd-n1.out)."""
+        return self._p("log", name.replace(":", "-") + ".out")
+
+    def fake_gpu_dir(self, node: str) -> str:
+        return self._p("fakegpu", node)

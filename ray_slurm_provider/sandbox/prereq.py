@@ -1,0 +1,82 @@
+"""What the sandbox needs from the machine: root, and the Debian packages with the daemons."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.sandbox.procs import SandboxError
+
+#: Package -> files that prove it is installed: commands (on PATH or in /usr/sbin) or absolute
+#: globs; "a|b" means either will do.
+SLURM_PACKAGES: dict[str, tuple[str, ...]] = {
+    "slurm-wlm": ("slurmctld", "slurmd", "sinfo", "scontrol", "squeue", "scancel", "sbatch",
+                  "srun"),
+    "slurmrestd": ("slurmrestd",),
+    "slurm-wlm-jwt-plugin": ("/usr/lib/*/slurm-wlm/auth_jwt.so|/usr/lib*/slurm*/auth_jwt.so",),
+    "munge": ("munged",),
+}
+DOCKER_PACKAGES: dict[str, tuple[str, ...]] = {
+    "docker.io": ("dockerd", "docker"),
+}
+
+
+def _present(probe: str) -> bool:
+    if probe.startswith("/"):
+        return bool(glob.glob(probe))
+    return shutil.which(probe) is not None or any(
+        os.access(os.path.join(d, probe), os.X_OK) for d in ("/usr/sbin", "/sbin")
+    )
+
+
+def required_packages(docker: bool) -> list[str]:
+    pkgs = list(SLURM_PACKAGES)
+    if docker:
+        pkgs += list(DOCKER_PACKAGES)
+    return pkgs
+
+
+def missing_packages(docker: bool) -> list[str]:
+    """Packages (of those the sandbox needs) that look uninstalled."""
+    table = dict(SLURM_PACKAGES)
+    if docker:
+        table.update(DOCKER_PACKAGES)
+    return [pkg for pkg, probes in table.items()
+            if not all(any(_present(alt) for alt in probe.split("|")) for probe in probes)]
+
+
+def apt_command(docker: bool) -> list[str]:
+    return ["apt-get", "install", "-y", *required_packages(docker)]
+
+
+def check_root() -> None:
+    if os.geteuid() != 0:
+        raise SandboxError(
+            "the Slurm sandbox must run as root (it starts munged, slurmctld and slurmd "
+            "as root); run `sudo ray-slurm sandbox up` or use a root shell"
+        )
+
+
+def ensure_packages(docker: bool, install: bool) -> None:
+    """Fail with the exact apt-get command when packages are missing, or run it if `install`."""
+    missing = missing_packages(docker)
+    if not missing:
+        return
+    cmd = apt_command(docker)
+    if not install:
+        raise SandboxError(
+            f"missing packages for the Slurm sandbox: {' '.join(missing)}\n"
+            f"install them with:  {' '.join(cmd)}\n"
+            "(or run `ray-slurm sandbox up --install`)"
+        )
+    env = proc.clean_env(extra={"DEBIAN_FRONTEND": "noninteractive"})
+    try:
+        proc.run(["apt-get", "update", "-q"], env=env, timeout=600)
+        proc.run(cmd, env=env, timeout=1200)
+    except proc.CommandError as e:
+        raise SandboxError(f"installing packages failed: {e}\n{e.stderr[-2000:]}") from e
+    still = missing_packages(docker)
+    if still:
+        raise SandboxError(f"still missing after apt-get install: {' '.join(still)}")

@@ -1,0 +1,243 @@
+"""`SlurmClient` over the Slurm command-line tools (sbatch, squeue, scancel, scontrol, sinfo).
+
+Text formats with explicit fields and delimiters are used on purpose: they read the same on
+every Slurm from 21.08 on, need no JSON-C build option, and cost far less than `--json`, which
+dumps every field of every job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from .. import proc
+from . import parse
+from .client import (
+    ACTIVE_STATES,
+    ClusterInfo,
+    Job,
+    Node,
+    Partition,
+    PermanentSlurmError,
+    TransientSlurmError,
+    classify,
+    is_job_gone,
+)
+
+#: Variables that change what Slurm commands do, or that sbatch would copy into the jobs we
+#: submit (the provider itself often runs inside a Slurm job). SLURM_CONF is kept: it says
+#: which cluster to talk to. SRUN_/SALLOC_ are input variables of the job's own srun calls.
+#: RAY_* and Ray's metrics ports: the head's autoscaler submits worker jobs, and its own Ray
+#: settings (RAY_OVERRIDE_RESOURCES of the head, ...) must not become the workers'.
+SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SCONTROL_", "SRUN_", "SALLOC_",
+                  "RAY_", "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+KEEP_VARS = ("SLURM_CONF",)
+
+#: squeue --states: every active state plus COMPLETING, which is listed so callers can see a
+#: node that is going away (Job.active is False for it).
+LIST_STATES = ",".join(sorted(ACTIVE_STATES | {"COMPLETING"}))
+
+_JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")  # 123, array task 123_4, het component 123+1
+
+_INSTALL_HINT = (
+    "install the Slurm client (e.g. `apt-get install slurm-client`) or mount your site's Slurm "
+    "binaries, /etc/slurm and the munge socket, or use the REST transport (slurm_api: rest)"
+)
+
+
+class CliSlurmClient:
+    """Talks to Slurm by running its commands; constructing it runs nothing."""
+
+    def __init__(self, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
+                 binaries: Mapping[str, str] | None = None) -> None:
+        self._timeout = timeout
+        self._base_env = dict(env) if env is not None else None  # None: os.environ at call time
+        self._binaries = dict(binaries or {})
+        self._addr_lock = threading.Lock()  # guards _addrs
+        self._fetch_lock = threading.Lock()  # one node-table fetch at a time
+        self._addrs: dict[str, str] = {}
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def command_env(self) -> dict[str, str]:
+        """The environment every command runs with (scrubbed, standard time format)."""
+        return proc.clean_env(
+            self._base_env if self._base_env is not None else os.environ,
+            drop_prefixes=SCRUB_PREFIXES, keep=KEEP_VARS,
+            extra={"SLURM_TIME_FORMAT": "standard"},
+        )
+
+    def _run_raw(self, name: str, args: Sequence[str], input: str | None = None) -> proc.Result:
+        argv = [self._binaries.get(name, name), *args]
+        try:
+            return proc.run(argv, timeout=self._timeout, input=input, env=self.command_env())
+        except proc.CommandNotFound as e:
+            raise PermanentSlurmError(
+                f"{argv[0]}: command not found; {_INSTALL_HINT}", command=name) from e
+        except proc.CommandTimeout as e:
+            # What it printed so far tells a dead controller from, e.g., a missing slurm.conf
+            # (22.05 retries that for 60 s, "retrying in 1sec up to 60sec").
+            said = (e.stderr or "").strip()
+            msg = f"{name}: no answer within {self._timeout:g}s"
+            raise TransientSlurmError(f"{msg}; it said: {said}" if said else msg,
+                                      said, name) from e
+
+    def _run(self, name: str, args: Sequence[str], input: str | None = None) -> str:
+        try:
+            return self._run_raw(name, args, input).stdout
+        except proc.CommandFailed as e:
+            raise classify(_words(e), name) from e
+
+    # --- SlurmClient ----------------------------------------------------------------------
+
+    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
+        """Run `sbatch --parsable` with the script on stdin; return the job id.
+
+        A timeout raises TransientSlurmError although the job may have been queued; callers
+        find such jobs again by name with `list_jobs`.
+        """
+        if "\n" in comment or "\n" in job_name:
+            raise ValueError("job name and comment must be one line (squeue prints one per job)")
+        args = ["--parsable"]
+        if job_name:
+            args.append(f"--job-name={job_name}")
+        if comment:
+            args.append(f"--comment={comment}")
+        out = self._run("sbatch", args, input=script)
+        try:
+            return parse.parse_sbatch(out)
+        except ValueError as e:
+            raise PermanentSlurmError(str(e), command="sbatch") from e
+
+    def list_jobs(self, job_name: str) -> list[Job]:
+        """This user's jobs named `job_name` in active states (plus COMPLETING); one squeue."""
+        if not job_name or "," in job_name:
+            raise ValueError(f"job name must be non-empty and without commas: {job_name!r}")
+        out = self._run("squeue", [
+            "--me", "--noheader", f"--name={job_name}", f"--states={LIST_STATES}",
+            f"--format={parse.SQUEUE_FORMAT}",
+        ])
+        try:
+            jobs = parse.parse_squeue(out)
+        except ValueError as e:
+            raise PermanentSlurmError(f"cannot parse squeue output: {e}", command="squeue") from e
+        hosts = {j.batch_host for j in jobs if j.batch_host}
+        if not hosts:
+            return jobs
+        addrs = self._addresses_for(hosts)
+        return [replace(j, node_addr=addrs.get(j.batch_host, "")) for j in jobs]
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        """One scancel for all ids; jobs that are already gone are not an error."""
+        ids = sorted({str(j).strip() for j in job_ids})
+        if not ids:
+            return
+        bad = [j for j in ids if not _JOB_ID.match(j)]
+        if bad:
+            # scancel would say "Invalid job id", which reads like "already gone".
+            raise ValueError(f"not Slurm job ids: {bad}")
+        try:
+            res = self._run_raw("scancel", ids)
+        except proc.CommandFailed as e:
+            _raise_unless_gone(_words(e), e)
+            return
+        # scancel may also report per-job errors on stderr with exit code 0.
+        _raise_unless_gone(res.stderr, None)
+
+    def cluster_info(self) -> ClusterInfo:
+        """Version, partitions and nodes (three commands; callers cache the result)."""
+        version_out = self._run("sinfo", ["--version"])
+        nodes = self._nodes()
+        part_out = self._run("scontrol", ["show", "partition", "--oneliner"])
+        try:
+            records = parse.parse_scontrol_records(part_out, "PartitionName")
+            return ClusterInfo(parse.parse_version(version_out),
+                               tuple(_partition(r, nodes) for r in records))
+        except (ValueError, KeyError) as e:
+            raise PermanentSlurmError(f"cannot parse cluster info: {e}", command="scontrol") from e
+
+    def node_addresses(self) -> Mapping[str, str]:
+        """Node name -> NodeAddr, fetched fresh (and refreshing the cache)."""
+        self._nodes()
+        with self._addr_lock:
+            return dict(self._addrs)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _nodes(self) -> list[tuple[Node, list[str]]]:
+        out = self._run("scontrol", ["show", "node", "--oneliner"])
+        nodes = [(_node(r), [p for p in r.get("Partitions", "").split(",") if p])
+                 for r in parse.parse_scontrol_records(out, "NodeName")]
+        with self._addr_lock:
+            self._addrs = {n.name: n.addr for n, _ in nodes}
+        return nodes
+
+    def _addresses_for(self, hosts: set[str]) -> dict[str, str]:
+        """The cached address table, fetched first if a host is not in it yet (node
+        addresses rarely change). Concurrent callers share one fetch."""
+        with self._addr_lock:
+            if hosts <= self._addrs.keys():
+                return dict(self._addrs)
+        with self._fetch_lock:
+            with self._addr_lock:
+                if hosts <= self._addrs.keys():  # another thread fetched it meanwhile
+                    return dict(self._addrs)
+            self._nodes()
+            with self._addr_lock:
+                return dict(self._addrs)
+
+
+def _words(e: proc.CommandFailed) -> str:
+    """Slurm's own message from a failed command."""
+    return (e.stderr or "").strip() or (e.stdout or "").strip() or str(e)
+
+
+def _raise_unless_gone(stderr: str, cause: proc.CommandFailed | None) -> None:
+    lines = [ln.strip() for ln in stderr.splitlines() if "error" in ln.lower()]
+    if cause is not None and not lines:
+        lines = [_words(cause)]
+    bad = [ln for ln in lines if not is_job_gone(ln)]
+    if bad:
+        raise classify("\n".join(bad), "scancel") from cause
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def _node(r: dict[str, str]) -> Node:
+    name = r["NodeName"]
+    gres = r.get("Gres", "")
+    return Node(name=name, addr=r.get("NodeAddr") or name, state=r.get("State", ""),
+                cpus=_int(r.get("CPUTot", "0")), memory_mb=_int(r.get("RealMemory", "0")),
+                gres="" if gres == "(null)" else gres)
+
+
+def _partition(r: dict[str, str], nodes: list[tuple[Node, list[str]]]) -> Partition:
+    name = r["PartitionName"]
+    members = [n for n, parts in nodes if name in parts]
+    if not members and r.get("Nodes", "(null)") not in ("", "(null)"):
+        # Older scontrol prints no Partitions= per node: expand the partition's host list.
+        wanted = set(parse.expand_hostlist(r["Nodes"]))
+        members = [n for n, _ in nodes if n.name in wanted]
+    # Per-node sizes are the smallest member's: a job asking for that much fits on every node.
+    smallest = min(members, key=lambda n: (parse.parse_gres_gpus(n.gres), n.cpus, n.memory_mb),
+                   default=None)
+    return Partition(
+        name=name,
+        nodes=tuple(members),
+        cpus_per_node=min((n.cpus for n in members), default=0),
+        memory_mb_per_node=min((n.memory_mb for n in members), default=0),
+        gpus_per_node=parse.parse_gres_gpus(smallest.gres) if smallest else 0,
+        gres=smallest.gres if smallest else "",
+        max_time_s=parse.parse_duration(r.get("MaxTime", "UNLIMITED")),
+        default_time_s=parse.parse_duration(r.get("DefaultTime", "NONE")),
+        default=r.get("Default", "NO").upper() == "YES",
+        state=r.get("State", "UP"),
+    )

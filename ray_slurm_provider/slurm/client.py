@@ -1,0 +1,153 @@
+"""The Slurm seam: one interface, typed records and typed errors.
+
+Back ends (CLI, REST, pyslurm) implement `SlurmClient`. Everything above this layer speaks
+only these types, so a fake in the tests can stand in for any of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+#: Job states in which a Ray node still exists or will exist. COMPLETING and every final
+#: state count as terminated: a job in CG is already tearing its node down.
+ACTIVE_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
+)
+
+
+class SlurmError(Exception):
+    """Slurm refused or failed a request; `slurm_message` holds Slurm's own words."""
+
+    def __init__(self, message: str, slurm_message: str = "", command: str = "") -> None:
+        super().__init__(message)
+        self.slurm_message = slurm_message or message
+        self.command = command
+
+
+class TransientSlurmError(SlurmError):
+    """Worth retrying: controller unreachable, timeouts, 'Resource temporarily unavailable'."""
+
+
+class PermanentSlurmError(SlurmError):
+    """Retrying will not help: invalid partition/account/QOS, limits, bad options."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One Slurm job as the provider needs to see it."""
+
+    job_id: str
+    name: str
+    state: str
+    reason: str = ""
+    nodes: str = ""  # node list as Slurm prints it ("n1", "n[1-2]", "" while pending)
+    batch_host: str = ""
+    node_addr: str = ""  # address of batch_host (filled from the node table)
+    time_limit_s: int | None = None  # None: unlimited
+    time_left_s: int | None = None
+    submit_time: str = ""
+    start_time: str = ""
+    partition: str = ""
+    comment: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    addr: str
+    state: str = ""
+    cpus: int = 0
+    memory_mb: int = 0
+    gres: str = ""
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[Node, ...] = ()
+    cpus_per_node: int = 0
+    memory_mb_per_node: int = 0
+    gpus_per_node: int = 0
+    gres: str = ""
+    max_time_s: int | None = None  # None: unlimited
+    default_time_s: int | None = None
+    default: bool = False
+    state: str = "UP"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    version: str
+    partitions: tuple[Partition, ...] = field(default_factory=tuple)
+
+    def partition(self, name: str | None) -> Partition | None:
+        for p in self.partitions:
+            if (name is None and p.default) or p.name == name:
+                return p
+        return None
+
+
+@runtime_checkable
+class SlurmClient(Protocol):
+    """What the provider asks of Slurm. Every method is one scheduler round trip."""
+
+    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
+        """Submit a rendered batch script; return the job id."""
+        ...
+
+    def list_jobs(self, job_name: str) -> list[Job]:
+        """All of this user's active jobs named `job_name`, in ONE call; raise on any error."""
+        ...
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        """Cancel many jobs in ONE call; jobs already gone are not an error."""
+        ...
+
+    def cluster_info(self) -> ClusterInfo:
+        """Partitions (CPUs, memory, GRES, time limits, nodes and addresses) and the version."""
+        ...
+
+    def node_addresses(self) -> Mapping[str, str]:
+        """Node name -> NodeAddr for every node."""
+        ...
+
+
+# --- error classification: shared by every back end ------------------------------------------
+
+_TRANSIENT = re.compile(
+    r"unable to contact slurm controller|connection refused|connect failure|"
+    r"socket timed out|timed out|temporarily unavailable|try again|"
+    r"slurm_receive_msg|zero bytes were transmitted|communication connection failure|"
+    r"controller is busy|slurmctld.*(down|not responding)|service unavailable|"
+    r"bad gateway|gateway timeout|standby mode|transport endpoint is not connected",
+    re.IGNORECASE,
+)
+
+
+def classify(message: str, command: str = "") -> SlurmError:
+    """Turn Slurm's words into a typed error (transient vs permanent)."""
+    msg = message.strip()
+    cls: type[SlurmError] = TransientSlurmError if _TRANSIENT.search(msg) else PermanentSlurmError
+    return cls(f"{command + ': ' if command else ''}{msg}", msg, command)
+
+
+_GONE = re.compile(
+    r"invalid job id|already completing or completed|job has already finished|"
+    r"job/step already", re.IGNORECASE
+)
+
+
+def is_job_gone(message: str) -> bool:
+    """True when scancel/REST says the job no longer exists (cancel stays idempotent)."""
+    return bool(_GONE.search(message))

@@ -1,0 +1,178 @@
+"""Pure parsers for Slurm's text output (no I/O; every function is fixture-tested).
+
+The CLI back end asks for explicit formats with an explicit delimiter, so nothing here depends
+on column widths or on the user's SQUEUE_FORMAT.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from .client import Job
+
+#: ASCII unit separator: cannot appear in node, partition or (our) job names.
+DELIM = "\x1f"
+
+#: squeue -o fields in output order. The comment (%k) comes last because it is free text and
+#: may contain anything, the delimiter included; it is split off with maxsplit.
+SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("job_id", "%i"), ("name", "%j"), ("state", "%T"), ("reason", "%r"), ("nodes", "%N"),
+    ("batch_host", "%B"), ("time_limit", "%l"), ("time_left", "%L"), ("submit_time", "%V"),
+    ("start_time", "%S"), ("partition", "%P"), ("comment", "%k"),
+)
+SQUEUE_FORMAT = DELIM.join(code for _, code in SQUEUE_FIELDS)
+
+#: What Slurm prints for "no value" in the fields above.
+_EMPTY = frozenset({"", "(null)", "n/a", "N/A", "None", "NONE", "Unknown"})
+
+_NO_TIME = frozenset({"UNLIMITED", "INFINITE", "NOT_SET", "INVALID", "NONE", "N/A", "(null)"})
+_DURATION = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_sbatch(stdout: str) -> str:
+    """Job id from `sbatch --parsable` output ("123" or "123;cluster")."""
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("sbatch printed no job id")
+    job_id = lines[-1].split(";", 1)[0].strip()
+    if not job_id.isdigit():
+        raise ValueError(f"unexpected sbatch --parsable output: {stdout.strip()!r}")
+    return job_id
+
+
+def parse_duration(text: str) -> int | None:
+    """Slurm duration -> seconds; None for unlimited/unset.
+
+    Accepts MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS (Slurm's own input forms,
+    which include every form squeue/scontrol print). Raises ValueError on anything else.
+    """
+    s = text.strip()
+    if s.upper() in _NO_TIME:
+        return None
+    m = _DURATION.match(s)
+    if not m:
+        raise ValueError(f"not a Slurm duration: {text!r}")
+    days, a, b, c = m.groups()
+    n = int(a)
+    if days is not None:  # D-HH[:MM[:SS]]
+        return int(days) * 86400 + n * 3600 + int(b or 0) * 60 + int(c or 0)
+    if c is not None:  # HH:MM:SS
+        return n * 3600 + int(b) * 60 + int(c)
+    if b is not None:  # MM:SS
+        return n * 60 + int(b)
+    return n * 60  # MM
+
+
+def _clean(value: str) -> str:
+    v = value.strip()
+    return "" if v in _EMPTY else v
+
+
+def parse_squeue(stdout: str) -> list[Job]:
+    """Jobs from `squeue --noheader --format=SQUEUE_FORMAT`; ValueError on any bad line.
+
+    A bad line is an error rather than a skipped record: a silently shorter list would make
+    the caller believe jobs are gone.
+    """
+    n = len(SQUEUE_FIELDS)
+    jobs = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(DELIM, n - 1)
+        if len(parts) != n:
+            raise ValueError(f"squeue line has {len(parts)} fields, expected {n}: {line!r}")
+        f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts, strict=True))
+        if not f["job_id"].strip() or not f["state"].strip():
+            raise ValueError(f"squeue line without job id or state: {line!r}")
+        jobs.append(Job(
+            job_id=f["job_id"].strip(),
+            name=f["name"].strip(),
+            state=f["state"].strip().upper(),
+            reason=_clean(f["reason"]),
+            nodes=_clean(f["nodes"]),
+            batch_host=_clean(f["batch_host"]),
+            time_limit_s=parse_duration(f["time_limit"]),
+            time_left_s=parse_duration(f["time_left"]),
+            submit_time=_clean(f["submit_time"]),
+            start_time=_clean(f["start_time"]),
+            partition=_clean(f["partition"]),
+            comment="" if f["comment"] == "(null)" else f["comment"],
+        ))
+    return jobs
+
+
+# A key starts a token: it follows whitespace (or the line start) and ends with '='. Values may
+# contain spaces (Reason=..., OS=Linux 6.1 ...) and '=' (TRES=cpu=2,mem=4000M), but a space
+# followed by Word= always begins the next key.
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_]*)=")
+
+
+def parse_kv_line(line: str) -> dict[str, str]:
+    """One `scontrol show ... -o` record -> {Key: value}."""
+    out: dict[str, str] = {}
+    matches = list(_KEY.finditer(line))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    return out
+
+
+def parse_scontrol_records(stdout: str, first_key: str) -> list[dict[str, str]]:
+    """All records of `scontrol show node|partition -o`; lines not starting with
+    `first_key=` (e.g. "No partitions in the system") are skipped."""
+    return [parse_kv_line(ln.strip()) for ln in stdout.splitlines()
+            if ln.strip().startswith(first_key + "=")]
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPUs in a GRES string: "gpu:2", "gpu:a100:8(S:0-1)", "gpu:2,shard:4", "(null)"."""
+    total = 0
+    for item in re.sub(r"\([^)]*\)", "", gres).split(","):
+        parts = item.strip().split(":")
+        name = parts[0].removeprefix("gres/")
+        if name != "gpu":
+            continue
+        last = parts[-1] if len(parts) > 1 else ""
+        total += int(last) if last.isdigit() else 1  # "gpu" or "gpu:a100" alone mean one
+    return total
+
+
+def parse_version(stdout: str) -> str:
+    """"slurm 22.05.8" (or "slurm-wlm 22.05.8") -> "22.05.8"."""
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?\S*)", stdout)
+    if not m:
+        raise ValueError(f"no version in {stdout.strip()!r}")
+    return m.group(1)
+
+
+def _split_top(text: str) -> Iterator[str]:
+    """Split on commas outside brackets: "a[1-2,4],b" -> "a[1-2,4]", "b"."""
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            yield text[start:i]
+            start = i + 1
+    yield text[start:]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Expand a Slurm host list: "n[1-3,05],gpu1" -> n1 n2 n3 n05 gpu1 (zero padding kept)."""
+    out: list[str] = []
+    for item in _split_top(text.strip()):
+        if not item:
+            continue
+        m = re.search(r"\[([^\]]*)\]", item)
+        if not m:
+            out.append(item)
+            continue
+        head, tail = item[:m.start()], item[m.end():]
+        for rng in m.group(1).split(","):
+            lo, _, hi = rng.partition("-")
+            width = len(lo)
+            for k in range(int(lo), int(hi or lo) + 1):
+                out.extend(head + str(k).zfill(width) + rest for rest in expand_hostlist(tail)
+                           or [""])
+    return out

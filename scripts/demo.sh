@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# README command 1: the whole lifecycle of a Ray cluster on the local Slurm sandbox.
+# Installs what is missing, starts the sandbox, `ray up`, runs a sample Ray job with visible
+# output, `ray down`, and stops the sandbox. Needs root (the sandbox runs Slurm's daemons).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/ray-slurm ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q -e '.[dev]'
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+
+ray-slurm sandbox up --install
+# shellcheck disable=SC1091
+source "${RAY_SLURM_SANDBOX_DIR:-/tmp/rsp-sandbox}/env.sh"
+trap 'ray down -y cluster-configs/sandbox.yaml || true; ray-slurm sandbox down' EXIT
+
+sinfo -N -o '%N %P %T %c %m %G'
+time ray up -y cluster-configs/sandbox.yaml
+eval "$(ray-slurm env cluster-configs/sandbox.yaml)"
+ray job submit --address "$RAY_DASHBOARD_URL" --working-dir examples -- python hello.py
+squeue --name=ray-sandbox -o '%i %j %T %N %L'
+time ray down -y cluster-configs/sandbox.yaml

@@ -1,0 +1,261 @@
+"""Fast in-process stand-ins: a controllable clock and a Slurm that keeps jobs in a dict.
+
+The messages FakeSlurm raises are the ones real Slurm 22.05 printed in the sandbox (see
+tests/fixtures/slurm-22.05/), so code that matches on Slurm's words is tested against them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import threading
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+from ray_slurm_provider.slurm.client import (
+    ACTIVE_STATES,
+    ClusterInfo,
+    Job,
+    Node,
+    Partition,
+    PermanentSlurmError,
+    SlurmError,
+    TransientSlurmError,
+)
+from ray_slurm_provider.slurm.parse import parse_duration, parse_gres_gpus
+
+#: Real Slurm 22.05 messages (tests/fixtures/slurm-22.05/*.txt).
+OUTAGE_MESSAGES = {
+    "submit": "sbatch: error: Batch job submission failed: "
+              "Unable to contact slurm controller (connect failure)",
+    "list_jobs": "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+    "cancel": "scancel: error: Kill job error on job id {id}: "
+              "Unable to contact slurm controller (connect failure)",
+    "cluster_info": "slurm_load_node error: Unable to contact slurm controller (connect failure)",
+    "node_addresses": "slurm_load_node error: Unable to contact slurm controller "
+                      "(connect failure)",
+}
+BAD_PARTITION = "sbatch: error: Batch job submission failed: Invalid partition name specified"
+
+_FINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._t = start
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._t
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._t += seconds
+
+    __call__ = now
+
+
+def _default_nodes() -> tuple[Node, ...]:
+    return tuple(Node(f"n{i}", f"127.0.0.{i + 1}", "IDLE", 2, 4000, "gpu:2") for i in (1, 2, 3))
+
+
+@dataclass
+class FakeJob:
+    job: Job
+    script: str
+    submitted_at: float
+    started_at: float | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class FakeSlurm:
+    """A `SlurmClient` with scriptable failures; jobs start PENDING until `start()`."""
+
+    def __init__(self, clock: FakeClock | None = None, *, nodes: Iterable[Node] | None = None,
+                 partitions: Mapping[str, Mapping[str, object]] | None = None,
+                 version: str = "22.05.8", first_id: int = 1000) -> None:
+        self.clock = clock or FakeClock()
+        self.nodes = {n.name: n for n in (nodes if nodes is not None else _default_nodes())}
+        #: name -> {"nodes": [...], "default": bool, "max_time_s": int|None, ...}
+        self.partitions: dict[str, dict[str, object]] = (
+            {k: dict(v) for k, v in partitions.items()} if partitions is not None else
+            {"cpu": {"default": True}, "gpu": {}})
+        self.version = version
+        self.jobs: dict[str, FakeJob] = {}
+        self.calls: Counter[str] = Counter()
+        self.submitted_scripts: list[str] = []
+        self.cancelled: list[list[str]] = []
+        self._next_id = first_id
+        self._failures: defaultdict[str, deque[BaseException]] = defaultdict(deque)
+        self._outage = False
+        self._lock = threading.RLock()
+
+    # --- test controls ----------------------------------------------------------------------
+
+    def fail_next(self, method: str, exc: BaseException) -> None:
+        """The next call of `method` raises `exc` (queued; one per call)."""
+        with self._lock:
+            self._failures[method].append(exc)
+
+    def set_outage(self, down: bool) -> None:
+        """While down, every call raises TransientSlurmError as a dead slurmctld does."""
+        with self._lock:
+            self._outage = down
+
+    def start(self, job_id: str, node: str = "n1") -> None:
+        with self._lock:
+            fj = self.jobs[job_id]
+            fj.started_at = self.clock.now()
+            fj.job = replace(fj.job, state="RUNNING", reason="", nodes=node, batch_host=node,
+                             start_time=_iso(fj.started_at))
+
+    def finish(self, job_id: str, state: str = "COMPLETED") -> None:
+        with self._lock:
+            fj = self.jobs[job_id]
+            fj.job = replace(fj.job, state=state, reason="")
+
+    def set_state(self, job_id: str, state: str, reason: str = "") -> None:
+        with self._lock:
+            fj = self.jobs[job_id]
+            fj.job = replace(fj.job, state=state, reason=reason)
+
+    def job(self, job_id: str) -> Job:
+        with self._lock:
+            return self._view(self.jobs[job_id])
+
+    # --- SlurmClient --------------------------------------------------------------------------
+
+    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
+        with self._lock:
+            self._enter("submit")
+            opts = _sbatch_directives(script)
+            partition = opts.get("partition") or self._default_partition()
+            if partition not in self.partitions:
+                raise PermanentSlurmError(BAD_PARTITION, BAD_PARTITION, "sbatch")
+            limit = opts.get("time")
+            job_id = str(self._next_id)
+            self._next_id += 1
+            now = self.clock.now()
+            job = Job(job_id=job_id, name=job_name or opts.get("job-name", "sbatch"),
+                      state="PENDING", reason="None", partition=partition, comment=comment,
+                      time_limit_s=parse_duration(limit) if limit else
+                      self._part_limit(partition), submit_time=_iso(now))
+            self.jobs[job_id] = FakeJob(job, script, now, extra=opts)
+            self.submitted_scripts.append(script)
+            return job_id
+
+    def list_jobs(self, job_name: str) -> list[Job]:
+        with self._lock:
+            self._enter("list_jobs")
+            return [self._view(fj) for fj in self.jobs.values()
+                    if fj.job.name == job_name
+                    and (fj.job.state in ACTIVE_STATES or fj.job.state == "COMPLETING")]
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        ids = sorted({str(j) for j in job_ids})
+        if not ids:
+            return
+        with self._lock:
+            self._enter("cancel", ids[0])
+            self.cancelled.append(ids)
+            for j in ids:
+                fj = self.jobs.get(j)
+                if fj is not None and fj.job.state not in _FINAL:
+                    fj.job = replace(fj.job, state="CANCELLED", reason="")
+
+    def cluster_info(self) -> ClusterInfo:
+        with self._lock:
+            self._enter("cluster_info")
+            return ClusterInfo(self.version, tuple(self._partition(p) for p in self.partitions))
+
+    def node_addresses(self) -> Mapping[str, str]:
+        with self._lock:
+            self._enter("node_addresses")
+            return {n.name: n.addr for n in self.nodes.values()}
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _enter(self, method: str, job_id: str = "") -> None:
+        self.calls[method] += 1
+        if self._failures[method]:
+            raise self._failures[method].popleft()
+        if self._outage:
+            msg = OUTAGE_MESSAGES[method].format(id=job_id)
+            raise TransientSlurmError(msg, msg, method)
+
+    def _default_partition(self) -> str:
+        for name, p in self.partitions.items():
+            if p.get("default"):
+                return name
+        return next(iter(self.partitions), "")
+
+    def _part_limit(self, name: str) -> int | None:
+        return _opt_int(self.partitions[name].get("max_time_s"))
+
+    def _partition(self, name: str) -> Partition:
+        p = self.partitions[name]
+        names = p.get("nodes")
+        members = [self.nodes[n] for n in (names if isinstance(names, list) else self.nodes)]
+        gpus = min((parse_gres_gpus(n.gres) for n in members), default=0)
+        return Partition(
+            name=name, nodes=tuple(members),
+            cpus_per_node=min((n.cpus for n in members), default=0),
+            memory_mb_per_node=min((n.memory_mb for n in members), default=0),
+            gpus_per_node=gpus, gres=members[0].gres if members else "",
+            max_time_s=self._part_limit(name),
+            default_time_s=_opt_int(p.get("default_time_s")),
+            default=bool(p.get("default")), state=str(p.get("state", "UP")))
+
+    def _view(self, fj: FakeJob) -> Job:
+        j = fj.job
+        node = self.nodes.get(j.batch_host)
+        left = j.time_limit_s
+        if fj.started_at is not None and j.time_limit_s is not None:
+            left = max(0, int(j.time_limit_s - (self.clock.now() - fj.started_at)))
+        return replace(j, node_addr=node.addr if node else "", time_left_s=left)
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+_SHORT = {"p": "partition", "t": "time", "J": "job-name", "N": "nodes", "c": "cpus-per-task",
+          "w": "nodelist", "A": "account", "q": "qos"}
+
+
+def _sbatch_directives(script: str) -> dict[str, str]:
+    """`#SBATCH` options of a script as {long-name: value} (flags map to "")."""
+    opts: dict[str, str] = {}
+    for line in script.splitlines():
+        m = re.match(r"\s*#SBATCH\s+(.*)", line)
+        if not m:
+            continue
+        words = shlex.split(m.group(1), comments=True)
+        i = 0
+        while i < len(words):
+            w = words[i]
+            if w.startswith("--"):
+                key, eq, val = w[2:].partition("=")
+                if not eq and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                    val, i = words[i + 1], i + 1
+                opts[key] = val
+            elif w.startswith("-") and len(w) >= 2:
+                key, val = _SHORT.get(w[1], w[1]), w[2:]
+                if not val and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                    val, i = words[i + 1], i + 1
+                opts[key] = val
+            i += 1
+    return opts
+
+
+__all__ = ["BAD_PARTITION", "OUTAGE_MESSAGES", "FakeClock", "FakeSlurm", "SlurmError"]

@@ -1,0 +1,141 @@
+"""CliSlurmClient against the real local Slurm sandbox (22.05 on Debian 12)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ray_slurm_provider.sandbox import Sandbox
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.client import Job, PermanentSlurmError, TransientSlurmError
+
+pytestmark = pytest.mark.integration
+
+SLEEP = "#!/bin/bash\nsleep 300\n"
+
+
+@pytest.fixture
+def client(sandbox: Sandbox) -> CliSlurmClient:
+    return CliSlurmClient(timeout=60)
+
+
+@pytest.fixture
+def name() -> str:
+    return f"rsp-it-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def submitted(client: CliSlurmClient) -> Iterator[list[str]]:
+    """Job ids submitted by a test; all are cancelled afterwards, whatever happened."""
+    ids: list[str] = []
+    yield ids
+    if ids:
+        client.cancel(ids)
+
+
+def wait_for(client: CliSlurmClient, name: str, pred: Callable[[list[Job]], bool],
+             timeout: float = 30) -> list[Job]:
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = client.list_jobs(name)
+        if pred(jobs) or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.3)
+
+
+def test_submit_list_cancel(client: CliSlurmClient, name: str, submitted: list[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # As if the provider ran inside a Slurm job of a user with their own squeue defaults:
+    # none of it may reach the commands (or the jobs they submit).
+    for var, value in {"SBATCH_PARTITION": "nosuchpartition", "SQUEUE_FORMAT": "%i",
+                       "SLURM_JOB_ID": "1", "SLURM_TIME_FORMAT": "relative"}.items():
+        monkeypatch.setenv(var, value)
+    held = client.submit("#!/bin/bash\n#SBATCH --hold\nsleep 300\n", job_name=name,
+                         comment='{"tag": "held; with spaces"}')
+    submitted.append(held)
+    # Small, so it fits beside whatever other tests run on the shared sandbox.
+    run = client.submit("#!/bin/bash\n#SBATCH --time=10 --mem=100\nsleep 300\n",
+                        job_name=name, comment="running")
+    submitted.append(run)
+    assert held.isdigit() and run.isdigit()
+
+    jobs = wait_for(client, name, lambda js: any(j.state == "RUNNING" for j in js), 90)
+    by_id = {j.job_id: j for j in jobs}
+    assert by_id[run].state == "RUNNING", f"never started: {by_id[run]}"
+    assert set(by_id) == {held, run}
+
+    p = by_id[held]
+    assert (p.state, p.reason, p.active, p.running) == ("PENDING", "JobHeldUser", True, False)
+    assert p.comment == '{"tag": "held; with spaces"}'
+    assert p.batch_host == "" and p.node_addr == ""
+
+    r = by_id[run]
+    assert r.state == "RUNNING" and r.running
+    assert r.nodes == r.batch_host and r.batch_host in ("n1", "n2", "n3")
+    assert r.node_addr == client.node_addresses()[r.batch_host]
+    assert r.node_addr == f"127.0.0.{int(r.batch_host[1:]) + 1}"
+    assert r.time_limit_s == 600
+    assert r.time_left_s is not None and 0 < r.time_left_s <= 600
+    assert r.start_time and r.submit_time and r.partition == "cpu" and r.comment == "running"
+
+    client.cancel([held, run])
+    client.cancel([held, run])  # already gone or completing: still no error
+    jobs = wait_for(client, name, lambda js: not any(j.active for j in js))
+    assert not any(j.active for j in jobs)
+
+
+def test_cancel_unknown_job_is_a_noop(client: CliSlurmClient) -> None:
+    client.cancel(["999999"])
+    client.cancel([])
+
+
+def test_list_jobs_empty(client: CliSlurmClient, name: str) -> None:
+    assert client.list_jobs(name) == []
+
+
+def test_cluster_info(client: CliSlurmClient) -> None:
+    info = client.cluster_info()
+    assert info.version.startswith("22.05")
+    cpu, gpu = info.partition("cpu"), info.partition("gpu")
+    assert cpu is not None and gpu is not None
+    assert info.partition(None) == cpu and cpu.default and not gpu.default
+    assert gpu.gpus_per_node == 2 and gpu.gres.startswith("gpu")
+    assert [n.name for n in cpu.nodes] == ["n1", "n2", "n3"]
+    assert {n.addr for n in cpu.nodes} == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+    assert cpu.cpus_per_node >= 1 and cpu.memory_mb_per_node > 0
+    assert client.node_addresses() == {"n1": "127.0.0.2", "n2": "127.0.0.3", "n3": "127.0.0.4"}
+
+
+def test_bad_partition_is_permanent(client: CliSlurmClient, name: str) -> None:
+    with pytest.raises(PermanentSlurmError) as ei:
+        client.submit("#!/bin/bash\n#SBATCH -p nosuchpartition\ntrue\n", job_name=name)
+    assert "Invalid partition name specified" in ei.value.slurm_message
+
+
+def test_controller_down_is_transient(sandbox: Sandbox, name: str) -> None:
+    client = CliSlurmClient(timeout=60)
+    sandbox.stop_daemon("slurmctld")
+    try:
+        # Each command takes about 9 s to give up on a dead controller: run them side by side.
+        with ThreadPoolExecutor(2) as pool:
+            listed = pool.submit(client.list_jobs, name)
+            submitted = pool.submit(client.submit, SLEEP, job_name=name)
+            for fut in (listed, submitted):
+                with pytest.raises(TransientSlurmError) as ei:
+                    fut.result()
+                assert "Unable to contact slurm controller" in ei.value.slurm_message
+    finally:
+        sandbox.start_daemon("slurmctld")
+    deadline = time.monotonic() + 30
+    while True:  # the controller answers again once it has reloaded its state
+        try:
+            assert client.list_jobs(name) == []
+            break
+        except TransientSlurmError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

@@ -1,0 +1,237 @@
+"""SlurmNodeProvider against the in-process FakeSlurm: the contract Ray's autoscalers rely on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    TAG_RAY_LAUNCH_CONFIG,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_NAME,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
+from ray_slurm_provider.config import ConfigError
+from ray_slurm_provider.provider import SlurmNodeProvider
+from ray_slurm_provider.slurm.client import TransientSlurmError
+from ray_slurm_provider.state import write_json
+from tests.fakes import FakeSlurm
+
+HEAD_TAGS = {
+    TAG_RAY_NODE_KIND: NODE_KIND_HEAD,
+    TAG_RAY_USER_NODE_TYPE: "head",
+    TAG_RAY_NODE_NAME: "ray-c1-head",
+    TAG_RAY_LAUNCH_CONFIG: "abc",
+    TAG_RAY_NODE_STATUS: "uninitialized",
+}
+WORKER_TAGS = {
+    TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+    TAG_RAY_USER_NODE_TYPE: "cpu_worker",
+    TAG_RAY_NODE_STATUS: "uninitialized",
+    "ray-launch-request": "req1",
+}
+
+
+def make(
+    tmp_path: Path, fake: FakeSlurm | None = None, **extra: Any
+) -> tuple[SlurmNodeProvider, FakeSlurm]:
+    cfg = {
+        "type": "external",
+        "module": "ray_slurm_provider.provider.SlurmNodeProvider",
+        "state_dir": str(tmp_path / "state"),
+        "python": "/opt/venv/bin/python",
+        **extra,
+    }
+    p = SlurmNodeProvider(cfg, "c1")
+    f = fake or FakeSlurm()
+    p._client = f
+    return p, f
+
+
+def test_constructor_never_raises_and_errors_surface_on_use(tmp_path: Path) -> None:
+    p = SlurmNodeProvider({"type": "external", "bogus_key": 1}, "c1")
+    with pytest.raises(ConfigError, match=r"provider\.bogus_key: unknown key; valid keys"):
+        p.non_terminated_nodes({})
+
+
+def test_created_node_listed_at_once_with_tags(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    created = p.create_node({"partition": "cpu", "cpus": 1}, HEAD_TAGS, 1)
+    (head,) = created
+    assert p.non_terminated_nodes(HEAD_TAGS) == [head]
+    assert p.node_tags(head) == HEAD_TAGS
+    assert not p.is_running(head) and not p.is_terminated(head)
+    assert p.internal_ip(head) is None
+    f.start(head, "n2")
+    p.non_terminated_nodes({})
+    assert p.is_running(head)
+    assert p.internal_ip(head) == "127.0.0.3"
+
+
+def test_one_scheduler_query_per_listing(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    ids = list(p.create_node_with_resources_and_labels({}, WORKER_TAGS, 3, {"CPU": 1}, {}))
+    f.calls.clear()
+    for _ in range(4):
+        p.non_terminated_nodes({})
+        for i in ids:
+            p.node_tags(i), p.is_running(i), p.internal_ip(i), p.is_terminated(i)
+    assert f.calls == {"list_jobs": 4}
+
+
+def test_failed_listing_raises_never_returns_empty(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    p.create_node({}, WORKER_TAGS, 1)
+    f.set_outage(True)
+    with pytest.raises(TransientSlurmError, match="Unable to contact slurm controller"):
+        p.non_terminated_nodes({})
+    f.set_outage(False)
+    assert len(p.non_terminated_nodes({})) == 1
+
+
+def test_terminate_is_batched_and_idempotent(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    ids = list(p.create_node({}, WORKER_TAGS, 3))
+    f.calls.clear()
+    p.terminate_nodes(ids)
+    assert f.calls["cancel"] == 1 and f.cancelled[-1] == ids
+    assert p.non_terminated_nodes({}) == []
+    assert all(p.is_terminated(i) for i in ids)
+    p.terminate_nodes(ids)  # jobs already gone: no error
+    p.terminate_node(ids[0])
+
+
+def test_other_clusters_and_foreign_jobs_are_invisible(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    other = SlurmNodeProvider({"state_dir": str(tmp_path / "state")}, "c2")
+    other._client = f
+    other.create_node({}, WORKER_TAGS, 2)
+    f.submit("#!/bin/bash\n#SBATCH --job-name=ray-c1\ntrue\n", comment="hand-made")
+    assert p.non_terminated_nodes({}) == []
+    assert len(other.non_terminated_nodes({})) == 2
+
+
+def test_tags_survive_process_exit(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    p.set_node_tags(head, {TAG_RAY_NODE_STATUS: "up-to-date", "ray-runtime-config": "h1"})
+    # A fresh provider, as in `ray exec` or the head's autoscaler, sees the same tags.
+    q, _ = make(tmp_path, f)
+    q.non_terminated_nodes({})
+    assert q.node_tags(head)[TAG_RAY_NODE_STATUS] == "up-to-date"
+    assert q.node_tags(head)["ray-runtime-config"] == "h1"
+
+
+def test_worker_status_reports_ray_only_once_up(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    p.non_terminated_nodes({})
+    assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "uninitialized"
+    f.start(w)
+    p.non_terminated_nodes({})
+    assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "setting-up"
+    write_json(p.cluster_dir.node(w) / "ray.json", {"ip": "127.0.0.2"})
+    p.non_terminated_nodes({})
+    assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "up-to-date"
+
+
+def test_completing_and_finished_jobs_are_terminated(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    a, b = p.create_node({}, WORKER_TAGS, 2)
+    f.set_state(a, "COMPLETING")
+    f.finish(b, "TIMEOUT")
+    assert p.non_terminated_nodes({}) == []
+
+
+def test_job_script_runs_the_agent_with_resources(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    p.create_node_with_resources_and_labels(
+        {"partition": "gpu", "time": "1:00:00"}, WORKER_TAGS, 1, {"CPU": 2, "GPU": 1}, {}
+    )
+    script = f.submitted_scripts[-1]
+    assert "#SBATCH --job-name=ray-c1" in script
+    assert "#SBATCH --partition=gpu" in script
+    assert "#SBATCH --cpus-per-task=2" in script
+    assert "#SBATCH --gres=gpu:1" in script
+    assert "#SBATCH --time=1:00:00" in script
+    assert "/opt/venv/bin/python -m ray_slurm_provider.node --spec" in script
+    assert (tmp_path / "state" / "c1" / "auth_token").stat().st_mode & 0o777 == 0o600
+    token = (tmp_path / "state" / "c1" / "auth_token").read_text()
+    assert token not in script
+
+
+def test_rejected_submission_quotes_slurm(tmp_path: Path) -> None:
+    p, _ = make(tmp_path)
+    with pytest.raises(Exception, match="Invalid partition name specified"):
+        p.create_node({"partition": "nope"}, WORKER_TAGS, 1)
+    assert p.non_terminated_nodes({}) == []
+
+
+def test_bad_node_config_names_key_path(tmp_path: Path) -> None:
+    p, _ = make(tmp_path)
+    with pytest.raises(ConfigError, match=r"node_config\.cpu: unknown key.*cpus"):
+        p.create_node({"cpu": 2}, WORKER_TAGS, 1)
+
+
+def _cluster(**provider: Any) -> dict[str, Any]:
+    return {
+        "cluster_name": "c1",
+        "provider": {"type": "external", "module": "x", **provider},
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"resources": {}, "node_config": {}},
+            "w": {
+                "resources": {"CPU": 1},
+                "node_config": {"partition": "cpu"},
+                "worker_setup_commands": ["echo typed"],
+            },
+        },
+        "initialization_commands": ["echo init"],
+        "worker_setup_commands": ["echo setup"],
+        "worker_start_ray_commands": ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"],
+    }
+
+
+def test_bootstrap_copies_worker_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        "ray_slurm_provider.bootstrap._cluster_info", lambda: FakeSlurm().cluster_info()
+    )
+    out = SlurmNodeProvider.bootstrap_config(_cluster())
+    types = out["provider"]["_node_types"]
+    assert types["w"]["commands"] == {
+        "initialization": ["echo init"],
+        "setup": ["echo typed"],
+        "start": ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"],
+    }
+    assert types["head"]["commands"]["setup"] == ["echo setup"]
+    assert out["provider"]["disable_node_updaters"] is True
+    assert out["head_start_ray_commands"]
+
+
+def test_bootstrap_rejects_unknown_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        "ray_slurm_provider.bootstrap._cluster_info", lambda: FakeSlurm().cluster_info()
+    )
+    cfg = _cluster()
+    cfg["available_node_types"]["w"]["node_config"]["partition"] = "gpux"
+    with pytest.raises(click.ClickException, match=r"partition: 'gpux'.*valid choices: cpu, gpu"):
+        SlurmNodeProvider.bootstrap_config(cfg)
+
+
+def test_fillout_resources_from_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        "ray_slurm_provider.bootstrap._cluster_info", lambda: FakeSlurm().cluster_info()
+    )
+    cfg = _cluster()
+    del cfg["available_node_types"]["w"]["resources"]
+    cfg["available_node_types"]["w"]["node_config"]["partition"] = "gpu"
+    out = SlurmNodeProvider.fillout_available_node_types_resources(cfg)
+    res = out["available_node_types"]["w"]["resources"]
+    assert res["CPU"] >= 1 and res["GPU"] == 2 and res["memory"] > 0
+    assert out["available_node_types"]["w"]["node_config"]["gpus"] == 2
