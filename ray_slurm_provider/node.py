@@ -21,14 +21,14 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ray_slurm_provider import program, proc
+from ray_slurm_provider import proc, program
 from ray_slurm_provider.launch_flags import ray_start_argv
 from ray_slurm_provider.state import ClusterDir, read_json, write_json
 
@@ -62,6 +62,21 @@ class NodeSpec:
     @classmethod
     def from_json(cls, text: str) -> NodeSpec:
         return cls(**json.loads(text))
+
+
+def wait_port_free(host: str, port: int, timeout: float) -> None:
+    """Wait until nothing accepts connections on host:port (raise RuntimeError if it stays
+    taken: another cluster on this node owns it; choose `provider.ports.base`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex((host, port)) != 0:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"port {port} on {host} is in use by another process; set "
+                               "provider.ports.base to give this cluster other ports")
+        time.sleep(0.25)
 
 
 def log(msg: str) -> None:
@@ -228,6 +243,9 @@ class Agent:
                                ray_start=list(req["ray_start"]))
         try:
             argv, env = self.build(prog, dict(req.get("env", {})))
+            # After a restart, the previous GCS may still hold its port for a moment.
+            wait_port_free(program.get_flag(argv, "--node-ip-address") or "127.0.0.1",
+                           int(program.get_flag(argv, "--port") or 6379), 60.0)
             self.run_before(prog.before, env)
         except (RuntimeError, proc.CommandError) as e:
             log(f"head start failed: {e}")

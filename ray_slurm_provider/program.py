@@ -85,7 +85,7 @@ def parse(cmd: str) -> Program:
             prog.ray_start = words
         elif is_ray(words, "stop"):
             prog.ray_stop = True
-        elif words[:1] == ["sudo"] and "shutdown" in words[1:2] or words[:1] == ["shutdown"]:
+        elif (words[:1] == ["sudo"] and "shutdown" in words[1:2]) or words[:1] == ["shutdown"]:
             prog.shutdown = True
         elif prog.ray_start is None:
             prog.before.append(seg)

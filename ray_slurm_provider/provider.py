@@ -44,8 +44,13 @@ from ray.autoscaler.tags import (
 
 from ray_slurm_provider import auth
 from ray_slurm_provider.bootstrap import bootstrap_config, fillout_resources
-from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
-from ray_slurm_provider.config import parse_provider
+from ray_slurm_provider.config import (
+    ConfigError,
+    NodeConfig,
+    ProviderConfig,
+    parse_node_config,
+    parse_provider,
+)
 from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, encode_tags, job_name
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import Job, SlurmClient
@@ -61,7 +66,7 @@ class NodeRecord:
     tags: dict[str, str]
 
 
-class SlurmNodeProvider(NodeProvider):  # type: ignore[misc]
+class SlurmNodeProvider(NodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
         self._lock = threading.RLock()
@@ -141,11 +146,12 @@ class SlurmNodeProvider(NodeProvider):  # type: ignore[misc]
         rec = self._record(node_id)
         return dict(rec.tags) if rec else {}
 
-    def internal_ip(self, node_id: str) -> str | None:
+    # None while the job is pending (no node yet), as Ray's cloud providers do.
+    def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         rec = self._record(node_id)
         return (rec.job.node_addr or None) if rec else None
 
-    def external_ip(self, node_id: str) -> str | None:
+    def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         return self.internal_ip(node_id)
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:

@@ -41,6 +41,13 @@ BOOTSTRAP_FILES = ("~/ray_bootstrap_config.yaml",)
 DEFAULT_DASHBOARD_PORT = 8265
 
 
+def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
+    """The error Ray's NodeUpdater expects from a runner whose command failed."""
+    err: ProcessRunnerError = ProcessRunnerError(  # type: ignore[no-untyped-call]
+        msg, "ssh_command_failed", code=code, command=cmd)
+    return err
+
+
 class NodeNotReady(Exception):
     """The node's job is not running yet; Ray's NodeUpdater retries on any exception."""
 
@@ -56,7 +63,7 @@ def _env_exports(env: Mapping[str, Any] | None) -> str:
     return " ".join(out) + (" " if out else "")
 
 
-class SrunCommandRunner(CommandRunnerInterface):  # type: ignore[misc]
+class SrunCommandRunner(CommandRunnerInterface):
     def __init__(self, provider: SlurmNodeProvider, node_id: str, log_prefix: str = "") -> None:
         self.provider = provider
         self.node_id = node_id
@@ -68,7 +75,7 @@ class SrunCommandRunner(CommandRunnerInterface):  # type: ignore[misc]
     def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> None:
         if exit_on_fail:
             raise click.ClickException(f"{msg}: {cmd}")
-        raise ProcessRunnerError(msg, "ssh_command_failed", code=code, command=cmd)
+        raise runner_error(msg, code, cmd)
 
     def _check_alive(self, wait_s: float = 0.0) -> None:
         """A step can only run once the job runs and its agent is up. Waits up to `wait_s`
@@ -192,23 +199,27 @@ class SrunCommandRunner(CommandRunnerInterface):  # type: ignore[misc]
         }, mode=0o600)
         print(f"{self.log_prefix}Starting Ray in the batch step of Slurm job {self.node_id}")
         deadline = time.monotonic() + max(timeout, 600)
+        next_query = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             res = read_json(self.ndir / "result.json")
             if res and res.get("id") == req_id:
                 if res.get("ok"):
                     self._announce()
                     return
-                raise ProcessRunnerError(
+                raise runner_error(
                     f"ray start failed in job {self.node_id}: {res.get('error')} "
                     f"(log: {self.cdir.log(self.node_id)})",
-                    "ssh_command_failed", code=1, command="ray start")
-            if self.provider.job_state(self.node_id) not in ("RUNNING", "unknown"):
-                break
+                    1, "ray start")
+            if time.monotonic() >= next_query:
+                next_query = time.monotonic() + 5.0
+                self.provider.non_terminated_nodes({})
+                if self.provider.is_terminated(self.node_id):
+                    break
             time.sleep(0.5)
-        raise ProcessRunnerError(
+        raise runner_error(
             f"Ray did not come up in job {self.node_id} "
             f"(log: {self.cdir.log(self.node_id)})",
-            "ssh_command_failed", code=1, command="ray start")
+            1, "ray start")
 
     def _announce(self) -> None:
         head = read_json(self.cdir.head_info) or {}

@@ -20,9 +20,8 @@ from ray_slurm_provider.slurm.client import (
     Job,
     Node,
     Partition,
-    PermanentSlurmError,
     SlurmError,
-    TransientSlurmError,
+    classify,
 )
 from ray_slurm_provider.slurm.parse import parse_duration, parse_gres_gpus
 
@@ -38,6 +37,9 @@ OUTAGE_MESSAGES = {
                       "(connect failure)",
 }
 BAD_PARTITION = "sbatch: error: Batch job submission failed: Invalid partition name specified"
+#: The Slurm command behind each method, as the CLI client names it in its errors.
+COMMANDS = {"submit": "sbatch", "list_jobs": "squeue", "cancel": "scancel",
+            "cluster_info": "scontrol", "node_addresses": "scontrol"}
 
 _FINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -137,13 +139,15 @@ class FakeSlurm:
             opts = _sbatch_directives(script)
             partition = opts.get("partition") or self._default_partition()
             if partition not in self.partitions:
-                raise PermanentSlurmError(BAD_PARTITION, BAD_PARTITION, "sbatch")
+                # sbatch prints both lines; the CLI client keeps both.
+                raise classify(f"sbatch: error: invalid partition specified: {partition}\n"
+                               f"{BAD_PARTITION}", "sbatch")
             limit = opts.get("time")
             job_id = str(self._next_id)
             self._next_id += 1
             now = self.clock.now()
             job = Job(job_id=job_id, name=job_name or opts.get("job-name", "sbatch"),
-                      state="PENDING", reason="None", partition=partition, comment=comment,
+                      state="PENDING", reason="", partition=partition, comment=comment,
                       time_limit_s=parse_duration(limit) if limit else
                       self._part_limit(partition), submit_time=_iso(now))
             self.jobs[job_id] = FakeJob(job, script, now, extra=opts)
@@ -186,8 +190,7 @@ class FakeSlurm:
         if self._failures[method]:
             raise self._failures[method].popleft()
         if self._outage:
-            msg = OUTAGE_MESSAGES[method].format(id=job_id)
-            raise TransientSlurmError(msg, msg, method)
+            raise classify(OUTAGE_MESSAGES[method].format(id=job_id), COMMANDS[method])
 
     def _default_partition(self) -> str:
         for name, p in self.partitions.items():

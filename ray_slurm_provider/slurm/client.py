@@ -139,7 +139,9 @@ def classify(message: str, command: str = "") -> SlurmError:
     """Turn Slurm's words into a typed error (transient vs permanent)."""
     msg = message.strip()
     cls: type[SlurmError] = TransientSlurmError if _TRANSIENT.search(msg) else PermanentSlurmError
-    return cls(f"{command + ': ' if command else ''}{msg}", msg, command)
+    # "sbatch: error: ..." already names its command; don't say it twice.
+    prefix = f"{command}: " if command and not msg.startswith(f"{command}:") else ""
+    return cls(prefix + msg, msg, command)
 
 
 _GONE = re.compile(

@@ -6,12 +6,13 @@ How sbatch reads the `#SBATCH` block (src/sbatch/opt.c, `_opt_batch_script` and
 boundary: `#SBATCHX` yields the argument `X`) is cut into arguments at C `isspace` characters
 (space, \\t, \\v, \\f, \\r), where `'` and `"` group, a backslash escapes the next byte and an
 unquoted `#` ends the line; lines that are blank or start (after blanks) with `#` are skipped,
-and the first other line ends the scan. An argument starting with `:` is fatal, and one equal
-to `hetjob`/`packjob` (any case) splits the job into heterogeneous components; 18.08 even
-blanked those words anywhere in the line and slurmctld's burst-buffer scan still looks for them
-as substrings. The arguments then go through getopt_long, which accepts any unambiguous prefix of
-a long option (`--partit=x` sets the partition) and splits `--key=value` at the first `=`.
-sbatch refuses scripts that contain NUL or "\\r\\n".
+and the first other line ends the scan (`#SLURM` lines count too). An argument starting with `:`
+is fatal, and a `hetjob`/`packjob` argument (any case) is taken as a heterogeneous-job separator
+(22.05.8 then drops the rest of that line); 18.08 blanked those words anywhere in the line and
+slurmctld's burst-buffer scan still looks for them as substrings. The arguments then go through
+getopt_long, which accepts any unambiguous prefix of a long option (`--partit=x` sets the
+partition) and splits `--key=value` at the first `=`. sbatch refuses scripts that contain NUL
+or "\\r\\n".
 
 So each directive is rendered as one argument, `#SBATCH --key=value`, whose value is drawn from
 a per-field charset free of blanks, quotes, backslashes, `#` and control characters, and never
@@ -127,7 +128,7 @@ BASH_SPECIAL_VARIABLES = frozenset(
         "SRANDOM UID"
     ).split()
 )
-_SHEBANG = re.compile("#!(?:/[!-~]*/)?(?:env[ \t]+)?bash(?:[ \t]+[!-~]+)*")
+_SHEBANG = re.compile("#!/(?:[!-~]*/)?(?:env[ \t]+)?bash(?:[ \t]+[!-~]+)*")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 

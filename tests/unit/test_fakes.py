@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from ray_slurm_provider.slurm.client import PermanentSlurmError, SlurmClient, TransientSlurmError
 from tests.fakes import BAD_PARTITION, OUTAGE_MESSAGES, FakeClock, FakeSlurm
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 
 
 def test_clock() -> None:
@@ -57,14 +60,21 @@ def test_cancel_is_idempotent_and_counted() -> None:
 def test_unknown_partition_is_permanent_with_real_words() -> None:
     slurm = FakeSlurm()
     with pytest.raises(PermanentSlurmError) as ei:
-        slurm.submit("#!/bin/sh\n#SBATCH -p nosuch\n")
-    assert ei.value.slurm_message == BAD_PARTITION
+        slurm.submit("#!/bin/sh\n#SBATCH -p nosuchpartition\n")
+    assert ei.value.slurm_message.endswith(BAD_PARTITION)
+    # Exactly what the CLI client makes of the recorded sbatch answer.
+    recorded = (FIX / "sbatch_bad_partition.stderr.txt").read_text().strip()
+    assert ei.value.slurm_message == str(ei.value) == recorded
     assert slurm.submit("#!/bin/sh\n").isdigit()  # default partition cpu
 
 
 def test_outage_and_fail_next() -> None:
     slurm = FakeSlurm()
     slurm.set_outage(True)
+    with pytest.raises(TransientSlurmError) as ei:
+        slurm.list_jobs("x")
+    recorded = (FIX / "squeue_ctld_down.stderr.txt").read_text().strip()
+    assert ei.value.slurm_message == recorded and ei.value.command == "squeue"
     for call in (
         lambda: slurm.list_jobs("x"),
         lambda: slurm.submit("#!/bin/sh\n"),
@@ -80,7 +90,7 @@ def test_outage_and_fail_next() -> None:
     with pytest.raises(TransientSlurmError):
         slurm.list_jobs("x")
     assert slurm.list_jobs("x") == []
-    assert slurm.calls["list_jobs"] == 3
+    assert slurm.calls["list_jobs"] == 4
 
 
 def test_cluster_info_defaults() -> None:

@@ -191,6 +191,8 @@ BAD_FIELDS: list[tuple[str, Any]] = [
     ("shebang", "#!/bin/sh"),
     ("shebang", "#!/bin/bash\n#SBATCH --qos=x"),
     ("shebang", "/bin/bash"),
+    ("shebang", "#!bash"),
+    ("shebang", "#!/usr/bin/env python3"),
 ]
 
 

@@ -115,6 +115,7 @@ def test_env_is_scrubbed() -> None:
         "SCONTROL_ALL": "1",
         "SRUN_CPUS_PER_TASK": "4",
         "SLURMD_NODENAME": "n1",
+        "RAY_ADDRESS": "127.0.0.2:6379",
     }
     env = CliSlurmClient(env=base).command_env()
     assert env == {
@@ -152,7 +153,8 @@ def test_submit_bad_partition_keeps_slurms_words(fake: FakeRun) -> None:
     fake.set("sbatch", "sbatch_bad_partition")
     with pytest.raises(PermanentSlurmError) as ei:
         CliSlurmClient().submit("#!/bin/sh\n")
-    assert "Batch job submission failed: Invalid partition name specified" in str(ei.value)
+    # Both of sbatch's lines, and no "sbatch: sbatch: error:".
+    assert str(ei.value) == recorded("sbatch_bad_partition")[1].strip()
     assert "Invalid partition name specified" in ei.value.slurm_message
     assert ei.value.command == "sbatch"
 
