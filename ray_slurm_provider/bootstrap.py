@@ -83,6 +83,7 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
     node_types: dict[str, Any] = {}
     for t, nt in config["available_node_types"].items():
         node_types[t] = {
+            "node_config": nt.get("node_config") or {},
             "resources": nt.get("resources") or {},
             "labels": nt.get("labels") or {},
             "commands": {

@@ -55,6 +55,36 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class RestConfig:
+    """`provider.rest`: how the `rest` transport reaches slurmrestd."""
+
+    url: str | None = doc(
+        "Base URL of slurmrestd, e.g. `http://slurm-rest.example.org:6820` (the API version "
+        "is negotiated from the server). Default: the `RAY_SLURM_REST_URL` environment "
+        "variable.",
+        None,
+    )
+    jwt_file: str | None = doc(
+        "File holding the Slurm JWT (`scontrol token`), mode 0600 and owned by you; read on "
+        "every request, so a refreshed token is picked up without a restart. Use a path on the "
+        "shared filesystem so the head's autoscaler finds it too. Default: the "
+        "`RAY_SLURM_JWT_FILE` environment variable; without either, `jwt_env` is used.",
+        None,
+    )
+    jwt_env: str = doc(
+        "Environment variable holding the JWT when no `jwt_file` is set. Never export "
+        "`SLURM_JWT` in a shell that runs `srun`: srun then authenticates by JWT and task launch "
+        "fails; use a file or another variable name.",
+        "SLURM_JWT",
+    )
+    user: str | None = doc(
+        "Slurm user name sent with the token (`X-SLURM-USER-NAME`); also the user whose jobs "
+        "the provider lists. Default: the user running the provider.",
+        None,
+    )
+
+
+@dataclass(frozen=True)
 class ProviderConfig:
     """The `provider:` section."""
 
@@ -63,8 +93,15 @@ class ProviderConfig:
         "Must be `ray_slurm_provider.provider.SlurmNodeProvider` (Ray's key).",
         "ray_slurm_provider.provider.SlurmNodeProvider",
     )
-    slurm_api: Literal["cli"] = doc(
-        "How the provider talks to Slurm: `cli` runs sbatch/squeue/scancel/scontrol.", "cli"
+    slurm_api: Literal["cli", "rest", "pyslurm"] = doc(
+        "How the provider talks to Slurm: `cli` runs sbatch/squeue/scancel/scontrol; `rest` "
+        "calls slurmrestd with a JWT (see `rest`), so a head without Slurm client tools can "
+        "still scale; `pyslurm` uses the optional pyslurm bindings, which must match the "
+        "cluster's Slurm release exactly (`pip install ray-slurm-provider[pyslurm]`).",
+        "cli",
+    )
+    rest: RestConfig = doc(
+        "slurmrestd settings for `slurm_api: rest`.", default_factory=RestConfig
     )
     state_dir: str = doc(
         "Directory on a filesystem shared by the login node and the compute nodes (your home, "
@@ -121,6 +158,74 @@ class ProviderConfig:
 
 
 @dataclass(frozen=True)
+class ContainerConfig:
+    """`node_config.container`: the container a node's Ray runs in (its life = the job's)."""
+
+    runtime: Literal["none", "docker", "podman", "apptainer", "enroot", "pyxis"] = doc(
+        "Container runtime; `none` runs Ray directly in the job (conda, venv, modules).", "none"
+    )
+    image: str | None = doc(
+        "Image: a registry reference or local tag (docker, podman, pyxis), or a file on a "
+        "shared filesystem: `.tar`/`.tar.gz` (docker, podman: loaded once per node), "
+        "`.sif` (apptainer), `.sqsh` (enroot, pyxis).",
+        None,
+    )
+    image_tag: str | None = doc(
+        "The tag a `.tar` image contains: when it is already on the node, loading is skipped.",
+        None,
+    )
+    mounts: list[str] = doc(
+        "Bind mounts `src:dst[:ro]`. The cluster directory and the node's Ray temp dir are "
+        "always mounted at the same path.",
+        default_factory=list,
+    )
+    environment: dict[str, str] = doc(
+        "Environment of the container (passed by name, so values never show in `ps`).",
+        default_factory=dict,
+    )
+    run_options: list[str] = doc(
+        "Extra options for the runtime's run command (e.g. `--cap-add=SYS_PTRACE`).",
+        default_factory=list,
+    )
+    runtime_args: list[str] = doc(
+        "Global options placed before the run command (e.g. podman `--root`, docker `-H`).",
+        default_factory=list,
+    )
+    shm_size: str | None = doc("Size of /dev/shm (docker/podman `--shm-size`).", None)
+    ipc_host: bool = doc(
+        "Share the host's IPC namespace and /dev/shm (docker/podman `--ipc=host`): Ray's "
+        "object store needs a large /dev/shm, Docker's default is 64 MB.",
+        True,
+    )
+    ulimits: dict[str, str] = doc(
+        "ulimits (docker/podman `--ulimit name=soft:hard`), e.g. `{nofile: 65536:65536}`.",
+        default_factory=dict,
+    )
+    gpus: bool = doc(
+        "Give the container exactly the GPUs Slurm allocated to the job (never the host's "
+        "others): docker `--gpus device=<ids>`, podman CDI devices, apptainer `--nv`, "
+        "enroot/pyxis through Slurm.",
+        True,
+    )
+    privileged: bool = doc("Privileged container (opt-in; the seed's script ran one).", False)
+    devices: list[str] = doc(
+        "Host devices to pass in (opt-in), e.g. `/dev/infiniband/uverbs0` or `/dev/gdrdrv`.",
+        default_factory=list,
+    )
+    ray_command: str = doc("The `ray` executable inside the image.", "ray")
+    python_command: str = doc("The Python inside the image (startup checks).", "python3")
+    slurm_access: Literal["mount", "none"] = doc(
+        "How the head's autoscaler reaches Slurm from inside its container: `mount` binds the "
+        "host's Slurm config directory and munge socket (the image must carry Slurm client "
+        "tools of the same major version, or mount them via `mounts`); `none` when the "
+        "cluster uses `provider.slurm_api: rest`. The head checks it at startup and says "
+        "clearly when it does not work.",
+        "mount",
+    )
+    binary: str | None = doc("Path of the runtime's executable (default: found on PATH).", None)
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     """`available_node_types.<name>.node_config`: the Slurm job of one node type."""
 
@@ -153,6 +258,9 @@ class NodeConfig:
     )
     environment: dict[str, str] = doc(
         "Environment variables of this node type's job.", default_factory=dict
+    )
+    container: ContainerConfig = doc(
+        "The container this node type's Ray runs in.", default_factory=ContainerConfig
     )
     prologue: list[str] = doc(
         "Shell lines run at the top of the job before anything else (module load, conda "
@@ -243,6 +351,9 @@ def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:
         raise ConfigError(f"{path}.object_store_fraction: must be between 0 and 1")
     if cfg.ports.base is not None and not 1024 <= cfg.ports.base <= 65525:
         raise ConfigError(f"{path}.ports.base: must be in 1024-65525, got {cfg.ports.base}")
+    if cfg.rest.url is not None and not cfg.rest.url.startswith(("http://", "https://")):
+        raise ConfigError(f"{path}.rest.url: must start with http:// or https://, "
+                          f"got {cfg.rest.url!r}")
 
 
 def check_name(value: str, path: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
@@ -108,6 +108,8 @@ def build_job(
         head_start_timeout_s=pcfg.head_start_timeout_s,
         object_store_memory=ncfg.object_store_memory,
         object_store_fraction=pcfg.object_store_fraction,
+        container=asdict(ncfg.container) if ncfg.container.runtime != "none" else {},
+        env_names=sorted({*pcfg.environment, *ncfg.environment}),
     )
     # Worker jobs run the YAML's initialization and setup commands themselves; the head's
     # are run by `ray up` through the command runner, as on any other provider.

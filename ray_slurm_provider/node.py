@@ -30,6 +30,8 @@ from typing import Any
 
 from ray_slurm_provider import proc, program
 from ray_slurm_provider.launch_flags import ray_start_argv
+from ray_slurm_provider.node_container import NodeContainer
+from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import ClusterDir, read_json, write_json
 
 STARTED_MARKER = "Ray runtime started"
@@ -55,6 +57,8 @@ class NodeSpec:
     head_start_timeout_s: int = 1800
     object_store_memory: int | None = None
     object_store_fraction: float = 0.3
+    container: dict[str, Any] = field(default_factory=dict)  # ContainerConfig as a dict
+    env_names: list[str] = field(default_factory=list)  # user env for the container
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -94,6 +98,11 @@ class Agent:
         self.terminating = False
         self.interrupted = False
         self.temp_dir = f"{spec.temp_dir_root.rstrip('/')}/rsp-{self.job_id}"
+        self.container = NodeContainer.from_spec(
+            spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
+            temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
+            drain_timeout_s=spec.drain_timeout_s, head=spec.kind == "head",
+            env_names=spec.env_names, log=log)
 
     # --- plumbing -------------------------------------------------------------------------
     def node_ip(self) -> str:
@@ -106,9 +115,14 @@ class Agent:
         log(f"signal {signum}: stopping Ray (drain up to {self.spec.drain_timeout_s}s)")
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
+        if self.container is not None:
+            # The container is the daemon's child, not ours: stop it within KillWait.
+            self.container.stop_async()
 
     def run_ray(self, argv: list[str], env: dict[str, str], on_started: Any) -> int:
         """Run `ray start --block`; stream its output; call on_started once Ray is up."""
+        if self.container is not None:
+            self.container.remove()  # a previous run's container of this job, if any
         log("starting: " + " ".join(argv))
         self.child = proc.start(argv, env=env)
         assert self.child.stdout is not None
@@ -144,6 +158,8 @@ class Agent:
             self.spec, prog, env={**inherited, **extra_env}, job_id=self.job_id, node_ip=ip,
             head_ip=head_ip, temp_dir=self.temp_dir, cluster_dir=self.cdir,
         )
+        if self.container is not None:
+            argv, env = self.container.wrap(argv, env)
         return argv, env
 
     def mark_started(self, argv: list[str], env: dict[str, str]) -> None:
@@ -157,6 +173,10 @@ class Agent:
                 "client_port": int(program.get_flag(argv, "--ray-client-server-port") or 10001),
             })
         log(f"Ray is up on {ip} (job {self.job_id}, node type {self.spec.node_type})")
+        if self.spec.kind == "head" and self.container is not None \
+                and self.container.cfg.slurm_access == "mount":
+            threading.Thread(target=self.container.check_slurm, daemon=True,
+                             args=(str(self.cdir.root), self.spec.cluster_name)).start()
 
     def unmark(self) -> None:
         """Ray is no longer up here."""
@@ -168,7 +188,26 @@ class Agent:
 
     def cleanup(self) -> None:
         self.unmark()
+        if self.container is not None:
+            self.container.remove()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def prepare_container(self) -> None:
+        """Load the image and sweep containers of this cluster whose job is gone."""
+        if self.container is None:
+            return
+        self.container.prepare()
+
+        def active() -> set[str]:
+            from ray_slurm_provider.slurm.cli import CliSlurmClient
+
+            jobs = CliSlurmClient().list_jobs(f"ray-{self.spec.cluster_name}")
+            return {j.job_id for j in jobs if j.active}
+
+        try:
+            self.container.sweep(active)
+        except (proc.CommandError, OSError, SlurmError) as e:
+            log(f"could not sweep old containers: {e}")
 
     # --- roles ----------------------------------------------------------------------------
     def worker(self) -> int:
@@ -276,6 +315,11 @@ class Agent:
             "kind": self.spec.kind,
         })
         try:
+            try:
+                self.prepare_container()
+            except RuntimeError as e:
+                log(f"ERROR: {e}; the job ends")
+                return 1
             return self.head() if self.spec.kind == "head" else self.worker()
         finally:
             self.cleanup()

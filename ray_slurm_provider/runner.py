@@ -28,10 +28,13 @@ from typing import TYPE_CHECKING, Any
 import click
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray.autoscaler.command_runner import CommandRunnerInterface
+from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 
 from ray_slurm_provider import auth, proc, program
+from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.forward import forward_all
 from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
 from ray_slurm_provider.state import read_json, write_json
 
 if TYPE_CHECKING:
@@ -96,12 +99,32 @@ class SrunCommandRunner(CommandRunnerInterface):
             time.sleep(0.2)
         raise NodeNotReady(self.provider.describe_job(self.node_id))
 
-    def srun_argv(self, shell_cmd: str, pty: bool = False) -> list[str]:
+    def srun_argv(self, shell_cmd: str, pty: bool = False, in_container: bool = False) -> list[
+        str
+    ]:
         argv = ["srun", f"--jobid={self.node_id}", "--overlap", "--nodes=1", "--ntasks=1",
                 "--quiet"]
         if pty:
             argv.append("--pty")
-        return [*argv, "bash", "-c", shell_cmd]
+        inner = ["bash", "-c", shell_cmd]
+        ctx = self.container() if in_container else None
+        if ctx is None:
+            return [*argv, *inner]
+        rt, rctx = ctx
+        return [*argv, *rt.step_options(rctx), *rt.exec(rctx, inner, interactive=pty)]
+
+    def container(self) -> tuple[Runtime, RunContext] | None:
+        """The runtime and context of this node's container, or None without one."""
+        node_type = self.provider.node_tags(self.node_id).get(TAG_RAY_USER_NODE_TYPE, "")
+        types = self.provider.provider_config.get("_node_types", {})
+        ncfg = parse_node_config(types.get(node_type, {}).get("node_config"), node_type)
+        if ncfg.container.runtime == "none":
+            return None
+        pcfg = self.provider.pcfg
+        temp_dir = f"{pcfg.temp_dir_root.rstrip('/')}/rsp-{self.node_id}"
+        rctx = RunContext(self.provider.cluster_name, self.node_id, ncfg.container, temp_dir,
+                          str(self.cdir.root), drain_timeout_s=pcfg.drain_timeout_s)
+        return get_runtime(ncfg.container.runtime), rctx
 
     def step_env(self) -> dict[str, str]:
         # srun inside another job (the head's autoscaler) must not inherit that job's
@@ -144,13 +167,13 @@ class SrunCommandRunner(CommandRunnerInterface):
                 while True:
                     time.sleep(3600)
             return self._run(cmd, timeout, exit_on_fail, with_output,
-                             environment_variables, shutdown_after_run)
+                             environment_variables, shutdown_after_run, run_env)
         finally:
             for f in fwd:
                 f.stop()
 
     def _run(self, cmd: str, timeout: int, exit_on_fail: bool, with_output: bool,
-             env: dict[str, object] | None, shutdown_after_run: bool) -> Any:
+             env: dict[str, object] | None, shutdown_after_run: bool, run_env: str) -> Any:
         prog = program.parse(cmd)
         if prog.ray_start is not None:
             self.handoff(prog, env, timeout)
@@ -161,16 +184,21 @@ class SrunCommandRunner(CommandRunnerInterface):
         out: Any = b"" if with_output else 0
         rest = " && ".join(prog.rest) if special else cmd
         if rest.strip():
-            out = self.run_step(_env_exports(env) + rest, timeout, exit_on_fail, with_output)
+            # Ray's rule: "auto" means inside the container unless the command drives the
+            # container runtime itself.
+            inside = run_env == "docker" or (
+                run_env == "auto" and not rest.lstrip().startswith(("docker ", "podman ")))
+            out = self.run_step(_env_exports(env) + rest, timeout, exit_on_fail, with_output,
+                                in_container=inside)
         if prog.shutdown or shutdown_after_run:
             self.provider.terminate_node(self.node_id)
         return out
 
     def run_step(self, shell_cmd: str, timeout: int, exit_on_fail: bool,
-                 with_output: bool) -> Any:
+                 with_output: bool, in_container: bool = False) -> Any:
         self._check_alive(wait_s=timeout if shell_cmd.strip() == "uptime" else 0.0)
         pty = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
-        argv = self.srun_argv(shell_cmd, pty=pty)
+        argv = self.srun_argv(shell_cmd, pty=pty, in_container=in_container)
         try:
             if with_output:
                 res = proc.run(argv, env=self.step_env(), timeout=max(timeout, 60), check=False)

@@ -1,0 +1,87 @@
+"""Apptainer, Enroot and Pyxis: daemonless HPC runtimes.
+
+Their containers are plain child processes of the job, so Slurm's own signals and process
+tracking already tie them to the job's life; nothing needs stopping or sweeping.
+
+* Apptainer: `apptainer exec --nv <binds> image.sif ray start ...`. `ray exec` starts a second
+  `apptainer exec` of the same image: with the host network and the same binds it sees the
+  same Ray (there is no daemon to attach to).
+* Enroot: the `.sqsh` is unpacked once per job (`enroot create`), then `enroot start`.
+  Slurm's CUDA_VISIBLE_DEVICES is what enroot's NVIDIA hook passes in.
+* Pyxis: `srun --container-image=...` runs the step inside the container (Slurm's SPANK
+  plugin); the agent waits on that step, so Ray still lives and dies with the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ray_slurm_provider.runtimes.base import RunContext, Runtime
+
+
+class Apptainer(Runtime):
+    name = "apptainer"
+
+    def common(self, ctx: RunContext) -> list[str]:
+        out: list[str] = []
+        if ctx.cfg.gpus and ctx.gpu_ids:
+            out.append("--nv")  # binds the driver; CUDA_VISIBLE_DEVICES from Slurm selects
+        for m in ctx.mounts():
+            out += ["--bind", m]
+        return out
+
+    def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        # Apptainer passes the host environment through by default, so `env` needs no flags.
+        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "exec", *self.common(ctx),
+                *ctx.cfg.run_options, ctx.cfg.image or "", *argv]
+
+    def exec(self, ctx: RunContext, argv: Sequence[str], interactive: bool = False) -> list[str]:
+        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "exec", *self.common(ctx),
+                ctx.cfg.image or "", *argv]
+
+
+class Enroot(Runtime):
+    name = "enroot"
+
+    def prepare(self, ctx: RunContext) -> list[list[str]]:
+        return [[self.binary(ctx.cfg), *ctx.cfg.runtime_args, "create", "--force", "--name",
+                 ctx.name, ctx.cfg.image or ""]]
+
+    def common(self, ctx: RunContext) -> list[str]:
+        out = ["--rw"]
+        for m in ctx.mounts():
+            out += ["--mount", m]
+        return out
+
+    def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        out = [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "start", *self.common(ctx)]
+        for k in sorted({**env, **ctx.cfg.environment}):
+            out += ["--env", k]  # by name
+        return [*out, *ctx.cfg.run_options, ctx.name, *argv]
+
+    def exec(self, ctx: RunContext, argv: Sequence[str], interactive: bool = False) -> list[str]:
+        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "start", *self.common(ctx),
+                ctx.name, *argv]
+
+    def remove(self, ctx: RunContext) -> list[str] | None:
+        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "remove", "--force", ctx.name]
+
+
+class Pyxis(Runtime):
+    name = "pyxis"
+
+    def common(self, ctx: RunContext) -> list[str]:
+        out = [f"--container-image={ctx.cfg.image or ''}", f"--container-name={ctx.name}"]
+        mounts = ctx.mounts()
+        if mounts:
+            out.append("--container-mounts=" + ",".join(mounts))
+        return out
+
+    def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        # One task on this node, all of the job's CPUs and GPUs, inside the container.
+        return ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=1",
+                *self.common(ctx), *ctx.cfg.run_options, *argv]
+
+    def step_options(self, ctx: RunContext) -> list[str]:
+        # `ray exec` is already an `srun --jobid` step: it enters the named container itself.
+        return [f"--container-name={ctx.name}"]
