@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from ray_slurm_provider.checks import check_live, check_static
 from ray_slurm_provider.config import (
     ConfigError,
     NodeConfig,
@@ -33,10 +34,11 @@ DEFAULT_WORKER_START = ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
 MIB = 1024 * 1024
 
 
-def _cluster_info() -> ClusterInfo:
-    from ray_slurm_provider.slurm.cli import CliSlurmClient
+def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
+    """The live cluster, through the transport the config's provider section selects."""
+    from ray_slurm_provider.slurm.factory import make_client
 
-    return CliSlurmClient().cluster_info()
+    return make_client(parse_provider((config or {}).get("provider") or {})).cluster_info()
 
 
 def check_partitions(config: dict[str, Any], info: ClusterInfo) -> None:
@@ -61,9 +63,14 @@ def validate(config: dict[str, Any], live: bool = True) -> dict[str, NodeConfig]
     for t, nt in types.items():
         check_name(str(t), f"available_node_types.{t}")
         out[t] = parse_node_config((nt or {}).get("node_config"), t)
+    check_static(config, out)
     if live:
         try:
-            check_partitions(config, _cluster_info())
+            info = _cluster_info(config)
+            check_partitions(config, info)
+            for warning in check_live(config, out, info):
+                logger.warning(warning)
+                click.echo(f"Warning: {warning}", err=True)
         except SlurmError as e:
             logger.warning("Could not check partitions against Slurm: %s", e.slurm_message)
     return out
@@ -121,7 +128,7 @@ def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
     missing = [t for t, nt in types.items() if "resources" not in nt]
     if not missing:
         return config
-    info = _cluster_info()
+    info = _cluster_info(config)
     frac = float((config.get("provider") or {}).get("object_store_fraction", 0.3))
     for t in missing:
         nt = types[t]

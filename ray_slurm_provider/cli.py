@@ -17,6 +17,10 @@ from ray_slurm_provider import __version__
 #: Modules whose ``register(subparsers)`` adds commands, in help order.
 COMMAND_MODULES: tuple[str, ...] = (
     "ray_slurm_provider.commands",
+    "ray_slurm_provider.cmds.validate",
+    "ray_slurm_provider.cmds.status",
+    "ray_slurm_provider.cmds.doctor",
+    "ray_slurm_provider.docs",
     "ray_slurm_provider.sandbox.cli",
 )
 

@@ -212,6 +212,12 @@ class ContainerConfig:
         "Host devices to pass in (opt-in), e.g. `/dev/infiniband/uverbs0` or `/dev/gdrdrv`.",
         default_factory=list,
     )
+    host_python: bool = doc(
+        "Bind the Python environment that runs the node agent (its prefix, its venv and this "
+        "package) into the container at the same paths, and run Ray from it: a site image "
+        "supplies the system libraries (CUDA, NCCL), your shared venv supplies Python and Ray.",
+        False,
+    )
     ray_command: str = doc("The `ray` executable inside the image.", "ray")
     python_command: str = doc("The Python inside the image (startup checks).", "python3")
     slurm_access: Literal["mount", "none"] = doc(
@@ -234,6 +240,12 @@ class NodeConfig:
     qos: str | None = doc("Slurm QOS (`--qos`).", None)
     time: str | None = doc(
         "Time limit (`--time`, e.g. `4:00:00`, `2-00:00:00`); default: the partition's.", None
+    )
+    drain_before_limit_s: int = doc(
+        "Seconds before the time limit at which Slurm sends SIGTERM (`--signal=B:TERM@<s>`): "
+        "Ray drains and the node leaves, so the autoscaler replaces it while demand remains. "
+        "`0` turns it off. Slurm may signal up to a minute early.",
+        60,
     )
     cpus: int | None = doc(
         "CPUs of the job (`--cpus-per-task`); default: `resources.CPU`, else the partition's "

@@ -65,7 +65,8 @@ def slurm_resources(ncfg: NodeConfig, resources: Mapping[str, int],
 
     Ray's `memory` excludes the object store, so the job asks for both.
     """
-    cpus = ncfg.cpus if ncfg.cpus is not None else resources.get("CPU")
+    # A node that offers Ray no CPUs (a head with `CPU: 0`) still runs on one: Slurm's default.
+    cpus = ncfg.cpus if ncfg.cpus is not None else (resources.get("CPU") or None)
     gpus = ncfg.gpus if ncfg.gpus is not None else resources.get("GPU")
     mem = ncfg.mem
     if mem is None and resources.get("memory"):
@@ -128,6 +129,9 @@ def build_job(
         reservation=ncfg.reservation,
         nodelist=ncfg.nodelist,
         exclude=ncfg.exclude,
+        # Before the time limit, SIGTERM to the agent (the batch step's main process): Ray
+        # drains and leaves, and the autoscaler replaces the node while demand remains.
+        signal=f"B:TERM@{ncfg.drain_before_limit_s}" if ncfg.drain_before_limit_s > 0 else None,
         output=str(cdir.logs / "%j.out"),
         open_mode="append",
         requeue=False,  # a preempted node must not come back silently under the same id

@@ -58,6 +58,7 @@ def ray_start_argv(
     node_ip: str,
     head_ip: str,
     temp_dir: str,
+    head_port: int | None = None,
     cluster_dir: ClusterDir,
 ) -> tuple[list[str], dict[str, str]]:
     """The final argv and environment of this node's `ray start`."""
@@ -67,7 +68,8 @@ def ray_start_argv(
     run_env = {
         **env,
         "RAY_HEAD_IP": head_ip,
-        "RAY_GCS_PORT": str(ports.gcs),
+        # Workers join the port the head really took (its start line may have set one).
+        "RAY_GCS_PORT": str(head_port or ports.gcs),
         "RAY_CLOUD_INSTANCE_ID": job_id,
         "RAY_NODE_TYPE_NAME": spec.node_type,
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(spec.drain_timeout_s),
@@ -100,7 +102,7 @@ def ray_start_argv(
             # One bootstrap config per cluster, not one per user's home.
             argv = program.set_flag(argv, "--autoscaling-config", str(cluster_dir.bootstrap_config))
     else:
-        argv = _add(argv, "--address", f"{head_ip}:{ports.gcs}")
+        argv = _add(argv, "--address", f"{head_ip}:{head_port or ports.gcs}")
     ncpu = res.get("CPU", cpus)
     if ncpu is not None:
         argv = _add(argv, "--num-cpus", ncpu)

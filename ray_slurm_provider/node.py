@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ray_slurm_provider import proc, program
+from ray_slurm_provider import headwatch, proc, program
 from ray_slurm_provider.launch_flags import ray_start_argv
 from ray_slurm_provider.node_container import NodeContainer
 from ray_slurm_provider.slurm.client import SlurmError
@@ -157,6 +157,7 @@ class Agent:
         argv, env = ray_start_argv(
             self.spec, prog, env={**inherited, **extra_env}, job_id=self.job_id, node_ip=ip,
             head_ip=head_ip, temp_dir=self.temp_dir, cluster_dir=self.cdir,
+            head_port=int(head["gcs_port"]) if head else None,
         )
         if self.container is not None:
             argv, env = self.container.wrap(argv, env)
@@ -209,6 +210,17 @@ class Agent:
         except (proc.CommandError, OSError, SlurmError) as e:
             log(f"could not sweep old containers: {e}")
 
+    def watch_head(self) -> None:
+        """End this worker's job soon after its head is gone (headwatch.py)."""
+        head = read_json(self.cdir.head_info)
+        if head:
+            headwatch.start(self.cdir.head_info, dict(head), on_gone=self.on_head_gone,
+                            alive=lambda: self.child is not None and not self.terminating)
+
+    def on_head_gone(self, reason: str) -> None:
+        log(f"{reason}; ending this worker")
+        self.on_term(signal.SIGTERM, None)
+
     # --- roles ----------------------------------------------------------------------------
     def worker(self) -> int:
         cmds = self.spec.start_commands or ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
@@ -223,6 +235,7 @@ class Agent:
                     nonlocal started
                     started = True
                     self.mark_started(a, e)
+                    self.watch_head()
 
                 code = self.run_ray(argv, env, up)
             except (RuntimeError, proc.CommandError) as e:

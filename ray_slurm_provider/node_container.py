@@ -6,9 +6,12 @@ Kept apart from node.py so the agent reads the same with or without a container.
 from __future__ import annotations
 
 import fcntl
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from ray_slurm_provider import proc
@@ -18,8 +21,10 @@ from ray_slurm_provider.runtimes.docker import is_tar
 
 #: Ray's own settings and the usual GPU-networking families reach the container by name.
 PASS_PREFIXES = ("RAY_", "NCCL_", "FI_", "UCX_", "OMP_", "PYTHON")
+#: The runtime's own socket variables too: the head's autoscaler submits worker jobs from
+#: inside its container, and those jobs must reach the same container engine.
 PASS_NAMES = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT", "SLURM_JOB_ID",
-              "SLURM_CONF", "HOME", "USER")
+              "SLURM_CONF", "HOME", "USER", "DOCKER_HOST", "CONTAINER_HOST")
 
 Log = Callable[[str], None]
 
@@ -49,6 +54,17 @@ def slurm_mounts(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(mounts)
 
 
+def python_mounts() -> tuple[str, ...]:
+    """The agent's Python (base prefix, venv) and this package's source, read-only."""
+    import ray_slurm_provider
+
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+             str(Path(ray_slurm_provider.__file__).resolve().parents[1])}
+    keep = sorted(p for p in paths
+                  if not any(p != q and p.startswith(q + "/") for q in paths))
+    return tuple(f"{p}:{p}:ro" for p in keep if p not in ("/", "/usr"))
+
+
 class NodeContainer:
     def __init__(self, cfg: ContainerConfig, *, cluster_name: str, job_id: str, temp_dir: str,
                  cluster_dir: str, env: Mapping[str, str], drain_timeout_s: int, head: bool,
@@ -56,6 +72,11 @@ class NodeContainer:
         self.cfg = cfg
         self.rt = get_runtime(cfg.runtime)
         extra = slurm_mounts(env) if head and cfg.slurm_access == "mount" else ()
+        if cfg.host_python:
+            extra = (*extra, *python_mounts())
+            cfg = replace(cfg, ray_command=str(Path(sys.executable).with_name("ray")),
+                          python_command=sys.executable)
+        self.cfg = cfg
         self.ctx = RunContext(cluster_name, job_id, cfg, temp_dir, cluster_dir, gpu_ids(env),
                               drain_timeout_s, extra)
         self.env_names = env_names
@@ -107,6 +128,9 @@ class NodeContainer:
                if (k.startswith(PASS_PREFIXES) or k in PASS_NAMES or k in self.env_names)}
         if not (self.cfg.gpus and self.ctx.gpu_ids) and "CUDA_VISIBLE_DEVICES" in env:
             out["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        if self.cfg.host_python:
+            # `python` and `ray` of the bound environment first, as on the host.
+            out["PATH"] = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
         out.update(self.cfg.environment)
         return out
 

@@ -51,11 +51,19 @@ from ray_slurm_provider.config import (
     parse_node_config,
     parse_provider,
 )
-from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, encode_tags, job_name
-from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.slurm.client import Job, SlurmClient
+from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, job_name
+from ray_slurm_provider.launch_guard import (
+    SUBMIT_TAG,
+    LaunchGuard,
+    Strays,
+    guarded_submit,
+    last_agent_line,
+)
+from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
+from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import ClusterDir
+from ray_slurm_provider.walltime import HeadWalltime
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +88,10 @@ class SlurmNodeProvider(NodeProvider):
             self._config_error = e
             self.pcfg = ProviderConfig()
         self.cluster_dir = ClusterDir(self.pcfg.state_dir, cluster_name)
+        self.guard = LaunchGuard(self.cluster_dir.root / "errors.json")
+        self.strays = Strays()
+        self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
+        self._ray_seen: set[str] = set()  # workers whose Ray was seen up
 
     # --- Slurm access ------------------------------------------------------------------
     @property
@@ -87,7 +99,7 @@ class SlurmNodeProvider(NodeProvider):
         if self._config_error is not None:
             raise self._config_error
         if self._client is None:
-            self._client = CliSlurmClient()
+            self._client = make_client(self.pcfg)
         return self._client
 
     def job_state(self, node_id: str) -> str:
@@ -110,21 +122,51 @@ class SlurmNodeProvider(NodeProvider):
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
         nodes: dict[str, NodeRecord] = {}
+        strays = []
         for job in jobs:
             created = decode_tags(job.comment)
             if created is None or not job.active or job.job_id in self._gone:
                 continue
+            if created.pop(SUBMIT_TAG, None) in self.strays:
+                strays.append(job.job_id)
+                continue
             nodes[job.job_id] = NodeRecord(job, self._tags(job, created))
         with self._lock:
-            self._nodes = nodes
-            return [i for i, r in nodes.items()
-                    if all(r.tags.get(k) == v for k, v in tag_filters.items())]
+            before, self._nodes = self._nodes, nodes
+            ids = [i for i, r in nodes.items()
+                   if all(r.tags.get(k) == v for k, v in tag_filters.items())]
+        self._after_listing(before, nodes, strays)
+        return ids
+
+    def _after_listing(self, before: dict[str, NodeRecord], nodes: dict[str, NodeRecord],
+                       strays: list[str]) -> None:
+        """What the listing just made tells, at no further scheduler cost."""
+        if strays:
+            logger.warning("Cancelling Slurm jobs %s: their submission was reported to Ray as "
+                           "failed, so Ray has launched again", ", ".join(strays))
+            try:
+                self.terminate_nodes(strays)
+            except SlurmError as e:
+                logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
+        for job_id, rec in before.items():  # a worker that died before its Ray came up
+            if (job_id not in nodes and job_id not in self._gone and rec.job.running
+                    and job_id not in self._ray_seen
+                    and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER):
+                log = self.cluster_dir.log(job_id)
+                self.guard.failed(rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
+                                  f"Slurm job {job_id} ended before Ray started on it; "
+                                  f"{last_agent_line(log) or 'see'} ({log})", "crashed")
+        self._ray_seen &= nodes.keys()
+        for rec in nodes.values():
+            if rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+                self.head_time.observe(rec.job)
 
     def _tags(self, job: Job, created: dict[str, str]) -> dict[str, str]:
         tags = {**created, **self.cluster_dir.tags(job.job_id)}
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.pcfg.disable_node_updaters:
             if self.cluster_dir.ray_up(job.job_id):
                 tags[TAG_RAY_NODE_STATUS] = STATUS_UP_TO_DATE
+                self._ray_seen.add(job.job_id)
             elif job.running:
                 tags[TAG_RAY_NODE_STATUS] = STATUS_SETTING_UP
             else:
@@ -188,7 +230,8 @@ class SlurmNodeProvider(NodeProvider):
         script = render(spec)
         created: dict[str, Any] = {}
         for _ in range(count):
-            job_id = self.slurm.submit(script, comment=encode_tags(tags))
+            job_id = guarded_submit(self.slurm, self.guard, self.strays, script, tags,
+                                    node_type, kind == NODE_KIND_HEAD)
             logger.info("Submitted Slurm job %s for a %s node of type %s", job_id, kind,
                         node_type)
             job = Job(job_id=job_id, name=spec.job_name, state="PENDING",

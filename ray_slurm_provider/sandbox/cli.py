@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
                        description="A local Slurm cluster for tests and development: munged, "
                        "slurmctld, N slurmd (n1..nN on 127.0.0.2..), slurmrestd with JWT and, "
                        "with --docker, a private dockerd. Everything lives in one state dir.")
-    ssub = p.add_subparsers(dest="sandbox_command", metavar="{up,status,down}")
+    ssub = p.add_subparsers(dest="sandbox_command", metavar="{up,status,image,down}")
     ssub.required = True
 
     up = ssub.add_parser("up", help="start the sandbox (idempotent) and print its exports")
@@ -44,9 +44,27 @@ def register(sub: Any) -> None:
     _state_dir_arg(st)
     st.set_defaults(func=cmd_status)
 
+    img = ssub.add_parser("image", help="build the sandbox's Ray node image (docker, no "
+                          "registry needed)")
+    img.add_argument("--tag", default="rsp-bind:latest", help="image tag (default rsp-bind:latest)")
+    img.add_argument("--runtime", default="docker", choices=("docker", "podman"))
+    img.set_defaults(func=cmd_image)
+
     down = ssub.add_parser("down", help="stop everything `up` started and remove the state dir")
     _state_dir_arg(down)
     down.set_defaults(func=cmd_down)
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from ray_slurm_provider.sandbox import image
+
+    t0 = time.monotonic()
+    try:
+        tag = image.build(args.tag, args.runtime)
+    except proc.CommandError as e:
+        return _fail("image", e)
+    print(f"built {tag} in {time.monotonic() - t0:.1f}s")
+    return 0
 
 
 def _state_dir_arg(p: argparse.ArgumentParser) -> None:

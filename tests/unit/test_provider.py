@@ -200,7 +200,7 @@ def _cluster(**provider: Any) -> dict[str, Any]:
 
 def test_bootstrap_copies_worker_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "ray_slurm_provider.bootstrap._cluster_info", lambda: FakeSlurm().cluster_info()
+        "ray_slurm_provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
     )
     out = SlurmNodeProvider.bootstrap_config(_cluster())
     types = out["provider"]["_node_types"]
@@ -216,7 +216,7 @@ def test_bootstrap_copies_worker_commands(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_bootstrap_rejects_unknown_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "ray_slurm_provider.bootstrap._cluster_info", lambda: FakeSlurm().cluster_info()
+        "ray_slurm_provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
     )
     cfg = _cluster()
     cfg["available_node_types"]["w"]["node_config"]["partition"] = "gpux"
@@ -226,7 +226,7 @@ def test_bootstrap_rejects_unknown_partition(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_fillout_resources_from_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "ray_slurm_provider.bootstrap._cluster_info", lambda: FakeSlurm().cluster_info()
+        "ray_slurm_provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
     )
     cfg = _cluster()
     del cfg["available_node_types"]["w"]["resources"]

@@ -1,0 +1,175 @@
+"""Value checks of the node types, before `ray up` submits anything.
+
+config.py checks each key's type and rejects unknown keys. Here are the checks that need
+more than one key, or Slurm's own view of the cluster: time-limit format and the partition's
+MaxTime, the drain lead time against the time limit, GPUs (and GPU type), CPUs and memory
+against the partition's nodes, and everything the batch-script renderer would refuse
+(environment names, sbatch options, paths). Every error names the key path, the bad value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_provider
+from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.slurm.client import ClusterInfo, Partition
+from ray_slurm_provider.slurm.parse import parse_duration
+from ray_slurm_provider.slurm.script import ScriptError, validate
+from ray_slurm_provider.walltime import fmt_duration
+
+logger = logging.getLogger(__name__)
+
+TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+#: Ray's longest Unix socket path below the node's temp dir (`rsp-<job id>/session_<date>_
+#: <time>_<usec>_<pid>/sockets/plasma_store`) must stay under Linux's 107 bytes.
+TEMP_DIR_ROOT_MAX = 28
+_MEM = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
+#: A container image reference or file: reaches the runtime's argv, where a leading `-` would
+#: be taken as an option (`--privileged`); blanks and control characters are never part of one.
+IMAGE = re.compile(r"[A-Za-z0-9_./~][!-~]*")
+#: JobSpec field (named in a ScriptError) -> the config key it comes from.
+_SOURCE = {
+    "job_name": "cluster_name", "output": "provider.state_dir", "command": "provider.python",
+    "environment": "provider.environment / {nc}.environment", "signal": "{nc}.drain_before_limit_s",
+    "gres": "{nc}.gpus / {nc}.gpu_type", "cpus_per_task": "{nc}.cpus / resources.CPU",
+    "mem": "{nc}.mem / resources.memory",
+    "setup": "{nc}.prologue / initialization_commands / worker_setup_commands",
+}
+
+
+def time_limit_s(ncfg: NodeConfig, path: str) -> int | None:
+    """The node type's own time limit in seconds (None: not set, or unlimited)."""
+    if ncfg.time is None:
+        return None
+    try:
+        return parse_duration(ncfg.time)
+    except ValueError:
+        raise ConfigError(f"{path}.time: {ncfg.time!r} is not a Slurm time limit; valid forms: "
+                          f"{TIME_FORMS}") from None
+
+
+def mem_mb(mem: str, path: str) -> int:
+    m = _MEM.match(mem.strip())
+    if not m:
+        raise ConfigError(f"{path}.mem: {mem!r} is not a Slurm memory size; valid: a whole "
+                          "number of MiB or one with a K/M/G/T suffix (4000, 16G, 0 for all)")
+    return int(int(m.group(1)) * {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[
+        m.group(2).upper()])
+
+
+def _commands(config: Mapping[str, Any], nt: Mapping[str, Any]) -> NodeCommands:
+    def pick(key: str, glob: str) -> list[str]:
+        return [str(c) for c in (nt.get(key, config.get(glob)) or [])]
+
+    return NodeCommands(pick("initialization_commands", "initialization_commands"),
+                        pick("worker_setup_commands", "worker_setup_commands"),
+                        [str(c) for c in config.get("worker_start_ray_commands") or []])
+
+
+def check_static(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig]) -> None:
+    """Checks that need no Slurm: formats, lead time, and a trial render of every job."""
+    pcfg: ProviderConfig = parse_provider(config.get("provider") or {})
+    if len(pcfg.temp_dir_root.rstrip("/")) > TEMP_DIR_ROOT_MAX:
+        raise ConfigError(
+            f"provider.temp_dir_root: {pcfg.temp_dir_root!r} is longer than "
+            f"{TEMP_DIR_ROOT_MAX} characters; Ray's Unix socket paths below it would pass "
+            "Linux's 107-byte limit (valid: a short node-local path such as /tmp)")
+    head_type = config.get("head_node_type")
+    for t, ncfg in ncfgs.items():
+        nc = f"available_node_types.{t}.node_config"
+        nt = (config.get("available_node_types") or {}).get(t) or {}
+        limit = time_limit_s(ncfg, nc)
+        if ncfg.mem is not None:
+            mem_mb(ncfg.mem, nc)
+        if ncfg.drain_before_limit_s < 0:
+            raise ConfigError(f"{nc}.drain_before_limit_s: {ncfg.drain_before_limit_s} is "
+                              "negative; valid: 0 (off) or seconds before the time limit")
+        if limit is not None and ncfg.drain_before_limit_s >= limit:
+            raise ConfigError(
+                f"{nc}.drain_before_limit_s: {ncfg.drain_before_limit_s}s is not shorter than "
+                f"the time limit {ncfg.time!r}; valid: 0 to {limit - 1}")
+        for key in ("image", "image_tag"):
+            img = getattr(ncfg.container, key)
+            if img is not None and not IMAGE.fullmatch(img):
+                raise ConfigError(
+                    f"{nc}.container.{key}: {img!r} is not an image reference or file; valid: "
+                    "e.g. nvcr.io/nvidia/pytorch:24.05-py3, a local tag or a path, printable "
+                    "ASCII without blanks, not starting with '-'")
+        res = {str(k): int(v) for k, v in (nt.get("resources") or {}).items()}
+        try:
+            validate(build_job(
+                pcfg=pcfg, cluster_name=str(config.get("cluster_name", "")), node_type=str(t),
+                kind="head" if t == head_type else "worker", ncfg=ncfg, resources=res,
+                labels={str(k): str(v) for k, v in (nt.get("labels") or {}).items()},
+                commands=_commands(config, nt), python=pcfg.python or sys.executable))
+        except ScriptError as e:
+            field = str(e).split(":", 1)[0].removeprefix("JobSpec.").split("[", 1)[0]
+            where = _SOURCE.get(field, f"{{nc}}.{field}").format(nc=nc)
+            raise ConfigError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def _gpu_types(part: Partition) -> list[str]:
+    out = set()
+    for node in part.nodes:
+        for item in re.sub(r"\([^)]*\)", "", node.gres).split(","):
+            bits = item.strip().split(":")
+            if bits[0] == "gpu" and len(bits) == 3:
+                out.add(bits[1])
+    return sorted(out)
+
+
+def check_live(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig],
+               info: ClusterInfo) -> list[str]:
+    """Node types against their partitions; raise on what Slurm would refuse, return warnings
+    (a node type without any time limit)."""
+    warnings = []
+    for t, ncfg in ncfgs.items():
+        nc = f"available_node_types.{t}.node_config"
+        part = info.partition(ncfg.partition)
+        if part is None:
+            continue  # check_partitions names it
+        res = ((config.get("available_node_types") or {}).get(t) or {}).get("resources") or {}
+        own = time_limit_s(ncfg, nc)
+        if own is not None and part.max_time_s is not None and own > part.max_time_s:
+            raise ConfigError(
+                f"{nc}.time: {ncfg.time!r} is longer than partition {part.name!r} allows; "
+                f"valid: at most its MaxTime {fmt_duration(part.max_time_s)}")
+        limit = own if ncfg.time is not None else (part.default_time_s or part.max_time_s)
+        if limit is None:
+            warnings.append(f"{nc}.time: not set and partition {part.name!r} has no time limit; "
+                            "its jobs run until cancelled")
+        elif ncfg.drain_before_limit_s >= limit:
+            raise ConfigError(
+                f"{nc}.drain_before_limit_s: {ncfg.drain_before_limit_s}s is not shorter than "
+                f"the time limit {fmt_duration(limit)} of partition {part.name!r}; valid: 0 to "
+                f"{limit - 1}")
+        gpus, key = (ncfg.gpus, "gpus") if ncfg.gpus is not None else (res.get("GPU"), None)
+        key = f"{nc}.gpus" if key else f"available_node_types.{t}.resources.GPU"
+        if gpus and int(gpus) > part.gpus_per_node:
+            with_gpus = [p.name for p in info.partitions if p.gpus_per_node]
+            raise ConfigError(
+                f"{key}: {gpus} is more than the {part.gpus_per_node} GPUs per node of "
+                f"partition {part.name!r}; valid: 0 to {part.gpus_per_node}"
+                + (f" (partitions with GPUs: {', '.join(with_gpus)})" if with_gpus else ""))
+        types = _gpu_types(part)
+        if gpus and ncfg.gpu_type is not None and ncfg.gpu_type not in types:
+            raise ConfigError(f"{nc}.gpu_type: {ncfg.gpu_type!r} is not a GPU type of partition "
+                              f"{part.name!r}; valid: {', '.join(types) or 'none (untyped GRES)'}")
+        cpus, ckey = (ncfg.cpus, f"{nc}.cpus") if ncfg.cpus is not None else (
+            res.get("CPU"), f"available_node_types.{t}.resources.CPU")
+        if cpus and part.cpus_per_node and int(cpus) > part.cpus_per_node:
+            raise ConfigError(f"{ckey}: {cpus} is more than the {part.cpus_per_node} CPUs per "
+                              f"node of partition {part.name!r}; valid: 1 to "
+                              f"{part.cpus_per_node}")
+        if ncfg.mem is not None and part.memory_mb_per_node \
+                and mem_mb(ncfg.mem, nc) > part.memory_mb_per_node:
+            raise ConfigError(f"{nc}.mem: {ncfg.mem!r} is more than the "
+                              f"{part.memory_mb_per_node}M per node of partition "
+                              f"{part.name!r}; valid: 0 (all) up to {part.memory_mb_per_node}M")
+    return warnings

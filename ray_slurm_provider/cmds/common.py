@@ -1,0 +1,133 @@
+"""What every cluster command needs: the loaded config, its Slurm client, findings, tables."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import yaml
+
+from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_provider
+from ray_slurm_provider.jobs import job_name
+from ray_slurm_provider.slurm.client import SlurmClient
+from ray_slurm_provider.slurm.factory import make_client
+from ray_slurm_provider.state import ClusterDir
+
+
+class CommandError(Exception):
+    """A command cannot go on; the message says why (and how to fix it)."""
+
+
+@dataclass
+class Cluster:
+    """A cluster config as the commands see it."""
+
+    path: str
+    config: dict[str, Any]
+    pcfg: ProviderConfig
+    cdir: ClusterDir
+    client_factory: Callable[[ProviderConfig], SlurmClient] = make_client
+    _client: SlurmClient | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.config["cluster_name"])
+
+    @property
+    def job_name(self) -> str:
+        return job_name(self.name)
+
+    @property
+    def node_types(self) -> dict[str, Any]:
+        return dict(self.config.get("available_node_types") or {})
+
+    @property
+    def head_type(self) -> str:
+        return str(self.config.get("head_node_type", ""))
+
+    @property
+    def client(self) -> SlurmClient:
+        if self._client is None:
+            self._client = self.client_factory(self.pcfg)
+        return self._client
+
+
+def load_cluster(path: str) -> Cluster:
+    """Read and minimally check a cluster YAML (the provider section is parsed)."""
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise CommandError(f"cannot read {path}: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise CommandError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(config, dict) or not config.get("cluster_name"):
+        raise CommandError(f"{path}: not a Ray cluster config (no cluster_name)")
+    try:
+        pcfg = parse_provider(config.get("provider") or {})
+    except ConfigError as e:
+        raise CommandError(f"{path}: {e}") from e
+    return Cluster(path, config, pcfg, ClusterDir(pcfg.state_dir, str(config["cluster_name"])))
+
+
+Level = Literal["ok", "info", "warn", "fail"]
+MARK = {"ok": "OK  ", "info": "INFO", "warn": "WARN", "fail": "FAIL"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome; `fix` says what to do about a warning or failure."""
+
+    level: Level
+    what: str
+    message: str
+    fix: str = ""
+
+    def lines(self) -> list[str]:
+        out = [f"[{MARK[self.level]}] {self.what}: {self.message}"]
+        if self.fix and self.level in ("warn", "fail"):
+            out.append(f"       fix: {self.fix}")
+        return out
+
+
+def report(findings: Sequence[Finding], out: TextIO | None = None) -> int:
+    """Print findings; exit code 1 when any failed."""
+    stream = out or sys.stdout
+    for f in findings:
+        for line in f.lines():
+            print(line, file=stream)
+    failed = sum(f.level == "fail" for f in findings)
+    warned = sum(f.level == "warn" for f in findings)
+    print(f"{failed} failed, {warned} warnings, {len(findings) - failed - warned} passed",
+          file=stream)
+    return 1 if failed else 0
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
+
+
+def duration(seconds: int | None) -> str:
+    """Seconds as Slurm prints them: D-HH:MM:SS, HH:MM:SS or MM:SS; "UNLIMITED" for None."""
+    if seconds is None:
+        return "UNLIMITED"
+    d, rest = divmod(max(0, int(seconds)), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    return f"{h:02d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def run_command(fn: Callable[[], int]) -> int:
+    """Run a command body; CommandError becomes one line on stderr and exit code 2."""
+    try:
+        return fn()
+    except CommandError as e:
+        print(f"ray-slurm: {e}", file=sys.stderr)
+        return 2

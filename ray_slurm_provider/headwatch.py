@@ -1,0 +1,91 @@
+"""A worker ends when its head is gone, so no allocation is left burning.
+
+Ray's own raylet gives up on a vanished GCS only after `gcs_rpc_server_reconnect_timeout_s`
+(60 s), and then `ray start --block` still has to notice. The worker agent therefore watches
+the head itself, cheaply and without asking Slurm:
+
+* `head.json` in the cluster directory is removed by the head agent when the head's Ray
+  stops (the head job ended, was cancelled, or `ray up` restarts Ray), and rewritten with
+  another job id when a new head takes over: either means this worker's GCS is gone;
+* if the head dies without cleaning up (node failure, SIGKILL), its GCS port stops accepting
+  connections: after `grace_s` of that, the head counts as gone.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray_slurm_provider.state import read_json
+
+PERIOD_S = 5.0
+GRACE_S = 30.0
+
+
+def gcs_accepts(ip: str, port: int, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class HeadWatch:
+    """One worker's view of its head; `clock` and `connect` are injectable for tests."""
+
+    def __init__(self, head_info: Path, head: dict[str, Any], *, grace_s: float = GRACE_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 connect: Callable[[str, int], bool] = gcs_accepts) -> None:
+        self.head_info = head_info
+        self.job_id = str(head.get("job_id", ""))
+        self.ip = str(head.get("ip", ""))
+        self.port = int(head.get("gcs_port", 0))
+        self.grace_s = grace_s
+        self._clock = clock
+        self._connect = connect
+        self._unreachable_since: float | None = None
+
+    def check(self) -> str | None:
+        """One look; the reason the head is gone, or None while it is (or may be) there."""
+        try:
+            info = read_json(self.head_info)
+        except (OSError, ValueError):
+            return None  # a shared-filesystem hiccup is no evidence either way
+        if info is None:
+            return f"the head's Ray stopped ({self.head_info} was removed)"
+        if str(info.get("job_id")) != self.job_id:
+            return f"another head (job {info.get('job_id')}) replaced head job {self.job_id}"
+        if self._connect(self.ip, self.port):
+            self._unreachable_since = None
+            return None
+        now = self._clock()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        if now - self._unreachable_since >= self.grace_s:
+            return (f"the head's GCS {self.ip}:{self.port} (job {self.job_id}) has refused "
+                    f"connections for {now - self._unreachable_since:.0f}s")
+        return None
+
+    def run(self, alive: Callable[[], bool], on_gone: Callable[[str], None],
+            period_s: float = PERIOD_S, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Check every `period_s` while `alive()`; call `on_gone(reason)` once, then stop."""
+        while alive():
+            reason = self.check()
+            if reason is not None:
+                on_gone(reason)
+                return
+            sleep(period_s)
+
+
+def start(head_info: Path, head: dict[str, Any], alive: Callable[[], bool],
+          on_gone: Callable[[str], None]) -> threading.Thread:
+    """Watch in a daemon thread (it ends with the agent)."""
+    watch = HeadWatch(head_info, head)
+    t = threading.Thread(target=watch.run, args=(alive, on_gone), daemon=True,
+                         name="head-watch")
+    t.start()
+    return t

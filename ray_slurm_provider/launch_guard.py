@@ -1,0 +1,204 @@
+"""Per-node-type launch backoff, the record of the last launch error, and stray submissions.
+
+A node type whose submissions Slurm refuses (bad partition, account, QOS, a job-count or GRES
+limit) or whose jobs die before Ray starts must not be resubmitted on every autoscaler tick
+(5 s): that floods the controller, crash-loops jobs through the queue and buries the reason.
+After a failure the type is held back, for longer after each further failure (refusals start
+longer than "controller unreachable"); its first successful submission clears it. While a type
+is held back, a launch fails at once without asking Slurm.
+
+The last error of each node type is kept in `<cluster dir>/errors.json`, which the
+`ray-slurm status` command shows; `ray status` shows the failed launches themselves.
+
+A submission that raised a transient error (timeout, lost answer) may still have queued a
+job. Ray was told the launch failed and will launch again, so such a job would be a
+duplicate: each submission carries a nonce in its job comment, and a listed job whose nonce
+belongs to a failed submission is cancelled on sight (`Strays`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, TransientSlurmError
+from ray_slurm_provider.state import read_json, write_json
+
+logger = logging.getLogger(__name__)
+
+#: Job-comment tag of one submission (stripped from the tags Ray sees).
+SUBMIT_TAG = "ray-slurm-submit"
+#: First backoff per kind of failure, seconds; it doubles per failure up to MAX_DELAY_S.
+BASE_DELAY_S = {"rejected": 60.0, "crashed": 60.0, "unavailable": 5.0}
+MAX_DELAY_S = 600.0
+#: What Ray shows as the category of a failed launch (NodeLaunchException, < 20 chars).
+CATEGORY = {"rejected": "SlurmRejected", "crashed": "JobDiedAtStart",
+            "unavailable": "SlurmUnavailable"}
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+@dataclass
+class TypeFailure:
+    """The last launch error of one node type."""
+
+    kind: str  # rejected | crashed | unavailable
+    message: str  # Slurm's own words (or what the job's log said)
+    failures: int
+    first_failed: float
+    last_failed: float
+    retry_after: float
+    held_back: int = 0  # launches refused without asking Slurm
+
+    def view(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(first_failed=_iso(self.first_failed), last_failed=_iso(self.last_failed),
+                 retry_after=_iso(self.retry_after), retry_after_ts=self.retry_after)
+        return d
+
+
+class HeldBack(Exception):
+    """A launch of a node type refused locally while it backs off."""
+
+    def __init__(self, node_type: str, err: TypeFailure, now: float) -> None:
+        super().__init__(
+            f"node type {node_type} is held back for {err.retry_after - now:.0f}s more after "
+            f"{err.failures} failed launch(es); last error: {err.message}")
+        self.category = CATEGORY.get(err.kind, "LaunchFailed")
+
+
+class LaunchGuard:
+    """Thread-safe per-type backoff; `clock` is injectable for tests (epoch seconds)."""
+
+    def __init__(self, errors_path: Path | None, clock: Callable[[], float] = time.time) -> None:
+        self._path = errors_path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._errors: dict[str, TypeFailure] = {}
+
+    def check(self, node_type: str) -> None:
+        """Raise HeldBack while `node_type` backs off."""
+        with self._lock:
+            err = self._errors.get(node_type)
+            now = self._clock()
+            if err is not None and now < err.retry_after:
+                err.held_back += 1
+                raise HeldBack(node_type, err, now)
+
+    def failed(self, node_type: str, message: str, kind: str) -> float:
+        """Record a failure; return how long the type is now held back."""
+        with self._lock:
+            now = self._clock()
+            old = self._errors.get(node_type)
+            n = old.failures + 1 if old else 1
+            delay = min(MAX_DELAY_S, BASE_DELAY_S.get(kind, 60.0) * 2.0 ** min(n - 1, 20))
+            self._errors[node_type] = TypeFailure(
+                kind, message.strip(), n, old.first_failed if old else now, now, now + delay,
+                old.held_back if old else 0)
+            snapshot = self._errors[node_type].view()
+        logger.warning("Launch of node type %s failed (%s, %d in a row); holding it back for "
+                       "%.0fs: %s", node_type, kind, n, delay, message.strip())
+        self._write(node_type, snapshot)
+        return delay
+
+    def succeeded(self, node_type: str) -> None:
+        with self._lock:
+            had = self._errors.pop(node_type, None)
+        if had is not None:
+            logger.info("Node type %s launches again", node_type)
+            self._write(node_type, None)
+
+    def error(self, node_type: str) -> TypeFailure | None:
+        with self._lock:
+            return self._errors.get(node_type)
+
+    def _write(self, node_type: str, entry: dict[str, Any] | None) -> None:
+        """Merge one type's entry into errors.json (other processes own other types)."""
+        if self._path is None:
+            return
+        try:
+            data = read_json(self._path)
+            data = dict(data) if isinstance(data, dict) else {}
+            if entry is None:
+                data.pop(node_type, None)
+            else:
+                data[node_type] = entry
+            write_json(self._path, data)
+        except (OSError, ValueError) as e:
+            logger.warning("Could not update %s: %s", self._path, e)
+
+
+class Strays:
+    """Nonces of submissions that raised; jobs carrying one must not live on."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, keep_s: float = 3600.0) -> None:
+        self._clock = clock
+        self._keep_s = keep_s
+        self._lock = threading.Lock()
+        self._failed: dict[str, float] = {}
+
+    def add(self, nonce: str) -> None:
+        with self._lock:
+            now = self._clock()
+            self._failed = {k: t for k, t in self._failed.items() if now - t < self._keep_s}
+            self._failed[nonce] = now
+
+    def __contains__(self, nonce: object) -> bool:
+        with self._lock:
+            return nonce in self._failed
+
+
+def launch_error(head: bool, category: str, description: str) -> Exception:
+    """What to raise for a failed launch: `ray up` prints a ClickException as one clean
+    "Error: ..." line and exits non-zero; the autoscalers record a NodeLaunchException (v1's
+    availability tracker; v2 marks the request ALLOCATION_FAILED, shown by `ray status`)."""
+    if head:
+        import click
+
+        return click.ClickException(description)
+    from ray.autoscaler.node_launch_exception import NodeLaunchException
+
+    return NodeLaunchException(category, description, None)
+
+
+def last_agent_line(log: Path, max_bytes: int = 8192) -> str:
+    """The node agent's last log line (`[ray-slurm HH:MM:SS] ...`) from a job's output."""
+    try:
+        with log.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - max_bytes))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.startswith("[ray-slurm ")]
+    return lines[-1] if lines else ""
+
+
+def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, script: str,
+                   tags: dict[str, str], node_type: str, head: bool) -> str:
+    """One sbatch: a held-back type fails at once, a failure holds the type back, and a job of
+    a submission that raised never lives on (its nonce goes to `strays`)."""
+    nonce = uuid.uuid4().hex[:16]
+    try:
+        guard.check(node_type)
+        job_id = slurm.submit(script, comment=encode_tags({**tags, SUBMIT_TAG: nonce}))
+    except HeldBack as e:
+        raise launch_error(head, e.category, str(e)) from None
+    except SlurmError as e:
+        kind = "unavailable" if isinstance(e, TransientSlurmError) else "rejected"
+        if kind == "unavailable":
+            strays.add(nonce)
+        guard.failed(node_type, e.slurm_message, kind)
+        raise launch_error(head, CATEGORY[kind], f"Slurm did not take the job of node type "
+                           f"{node_type}: {e.slurm_message}") from e
+    guard.succeeded(node_type)
+    return job_id

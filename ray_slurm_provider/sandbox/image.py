@@ -1,0 +1,64 @@
+"""A Ray node image without a registry: `ray-slurm sandbox image`.
+
+The machine has no image registry, so the sandbox's image is built from what is here. It is a
+tiny root filesystem (directories, `bin -> usr/bin`-style links, a real `/sbin` for Docker's
+`--init`, passwd/group, the loader cache, CA certificates) imported with `docker import`.
+At run time the host's `/usr` is bound read-only and the container setting `host_python:
+true` binds the node agent's own Python environment, so Python and Ray inside the container
+are exactly the host's (see testbed.md: 1-2 s to build instead of ~90 s for a full rootfs).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from ray_slurm_provider import proc
+
+DEFAULT_TAG = "rsp-bind:latest"
+_LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
+_DIRS = ("sbin", "etc", "tmp", "root", "home", "proc", "sys", "dev", "run", "var/tmp", "usr",
+         "opt", "mnt")
+_COPY = ("/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/nsswitch.conf",
+         "/etc/ssl/certs/ca-certificates.crt")
+
+
+def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
+    if name in tar.getnames():
+        return  # docker import refuses duplicate paths
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
+    tar.addfile(info)
+
+
+def rootfs_tar(path: Path) -> None:
+    """Write the image's root filesystem as a tar file."""
+    with tarfile.open(path, "w") as tar:
+        for d in _DIRS:
+            _add_dir(tar, d, 0o1777 if d in ("tmp", "var/tmp") else 0o755)
+        for name, target in _LINKS.items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        for src in _COPY:
+            if os.path.exists(src):
+                data = Path(src).read_bytes()
+                info = tarfile.TarInfo(src.lstrip("/"))
+                info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+                parts = Path(src.lstrip("/")).parent.parts
+                for i in range(1, len(parts) + 1):
+                    _add_dir(tar, str(Path(*parts[:i])))
+                tar.addfile(info, io.BytesIO(data))
+
+
+def build(tag: str = DEFAULT_TAG, docker: str = "docker") -> str:
+    """Build and import the image; return its tag."""
+    with tempfile.TemporaryDirectory(prefix="rsp-image-") as d:
+        tar = Path(d) / "rootfs.tar"
+        rootfs_tar(tar)
+        proc.run([docker, "import", str(tar), tag], timeout=300)
+    return tag

@@ -1,0 +1,142 @@
+"""A stand-in for the part of pyslurm's API the pyslurm back end uses.
+
+pyslurm cannot be built here (it needs the Slurm headers of its own release; the sandbox runs
+22.05 and PyPI offers 25.11 only), so this fake follows pyslurm's sources instead
+(pyslurm/core/job/job.pyx, submission.pyx, node.pyx, partition.pyx of the 23.x-25.x "core"
+API): attribute names and types, `RPCError`, `Jobs.load()` returning a mapping with
+`.values()`. The values are those the sandbox's Slurm 22.05 reported (see
+tests/fixtures/slurmrestd-22.05/), so results can be compared with the other back ends.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RPCError(Exception):
+    """pyslurm.RPCError: str() is Slurm's error string."""
+
+
+@dataclass
+class FakeJob:
+    id: int
+    name: str
+    user_name: str = "root"
+    state: str = "PENDING"
+    state_reason: str | None = "None"
+    allocated_nodes: str | None = None
+    batch_host: str | None = None
+    time_limit: int | None = None  # minutes; None: UNLIMITED
+    run_time_remaining: int | None = None  # seconds
+    submit_time: int | None = 1796000900
+    start_time: int | None = 0
+    partition: str | None = "cpu"
+    comment: str | None = None
+
+
+@dataclass
+class FakeNode:
+    name: str
+    address: str
+    state: str = "IDLE"
+    total_cpus: int = 2
+    real_memory: int = 4000
+    configured_gres: dict[str, int] = field(default_factory=lambda: {"gpu": 2})
+    partitions: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
+    version: str = "22.05.8"
+
+
+@dataclass
+class FakePartition:
+    name: str
+    nodes: str = "n[1-3]"
+    max_time_limit: int | str = "UNLIMITED"
+    default_time: int | str = "UNLIMITED"
+    is_default: bool = False
+    state: str = "UP"
+
+
+class _Collection(dict[Any, Any]):
+    pass
+
+
+def make_module(version: str = "22.5.1") -> types.ModuleType:
+    """A fresh fake `pyslurm` module with the sandbox's cluster and no jobs."""
+    mod = types.ModuleType("pyslurm")
+    state: dict[str, Any] = {
+        "jobs": {}, "next": 200, "cancelled": [], "submitted": [],
+        "nodes": [FakeNode("n1", "127.0.0.2"), FakeNode("n2", "127.0.0.3"),
+                  FakeNode("n3", "127.0.0.4")],
+        "parts": [FakePartition("cpu", is_default=True), FakePartition("gpu")],
+        "fail": {},
+    }
+
+    def maybe_fail(what: str) -> None:
+        err = state["fail"].pop(what, None)
+        if err is not None:
+            raise RPCError(err)
+
+    class JobSubmitDescription:
+        def __init__(self, **kw: Any) -> None:
+            self.script: str = kw.pop("script")
+            self.kw = kw
+            self.opts: dict[str, str] = {}
+
+        def load_sbatch_options(self, overwrite: bool = False) -> None:
+            for m in re.finditer(r"^#SBATCH\s+(.*)$", self.script, re.MULTILINE):
+                for word in m.group(1).split():
+                    key, _, value = word.lstrip("-").partition("=")
+                    self.opts[key] = value
+
+        def submit(self) -> int:
+            maybe_fail("submit")
+            part = self.opts.get("partition") or self.opts.get("p") or "cpu"
+            if part not in {p.name for p in state["parts"]}:
+                raise RPCError("Invalid partition name specified")
+            job_id = state["next"]
+            state["next"] += 1
+            state["submitted"].append((self.script, dict(self.kw), dict(self.opts)))
+            state["jobs"][job_id] = FakeJob(job_id, self.kw.get("name", "sbatch"),
+                                            comment=self.kw.get("comment"), partition=part)
+            return job_id
+
+    class Jobs:
+        @staticmethod
+        def load() -> _Collection:
+            maybe_fail("jobs")
+            return _Collection(state["jobs"])
+
+    class Job:
+        def __init__(self, job_id: int) -> None:
+            self.id = job_id
+
+        def cancel(self) -> None:
+            maybe_fail("cancel")
+            job = state["jobs"].get(self.id)
+            if job is None:
+                raise RPCError("Invalid job id specified")
+            if job.state in ("COMPLETED", "CANCELLED"):
+                raise RPCError("Job/step already completing or completed")
+            job.state = "CANCELLED"
+            state["cancelled"].append(self.id)
+
+    class Nodes:
+        @staticmethod
+        def load() -> _Collection:
+            maybe_fail("nodes")
+            return _Collection({n.name: n for n in state["nodes"]})
+
+    class Partitions:
+        @staticmethod
+        def load() -> _Collection:
+            maybe_fail("partitions")
+            return _Collection({p.name: p for p in state["parts"]})
+
+    for obj in (RPCError, JobSubmitDescription, Jobs, Job, Nodes, Partitions):
+        setattr(mod, obj.__name__, obj)
+    mod.__version__ = version  # type: ignore[attr-defined]
+    mod.state = state  # type: ignore[attr-defined]
+    return mod

@@ -1,0 +1,201 @@
+"""validate/render/status/logs/doctor logic with FakeSlurm (no Slurm, no sleeping)."""
+
+from __future__ import annotations
+
+import io
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ray_slurm_provider.cmds import checks, doctor, status, validate
+from ray_slurm_provider.cmds.common import Cluster, duration, load_cluster, report
+from ray_slurm_provider.config import parse_node_config, parse_provider
+from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.slurm.client import Node
+from ray_slurm_provider.state import ClusterDir, write_json
+from tests.fakes import FakeSlurm
+
+SANDBOX_YAML = Path(__file__).resolve().parents[2] / "cluster-configs" / "sandbox.yaml"
+
+
+def cluster(tmp_path: Path, fake: FakeSlurm, **provider: Any) -> Cluster:
+    config = yaml.safe_load(SANDBOX_YAML.read_text())
+    config["provider"].update({"state_dir": str(tmp_path / "state"), **provider})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    c = load_cluster(str(path))
+    c.client_factory = lambda pcfg: fake
+    return c
+
+
+def levels(findings: list[Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in findings:
+        out.setdefault(f.level, set()).add(f.what)
+    return out
+
+
+def test_validate_passes_on_the_sandbox_shape(tmp_path: Path) -> None:
+    findings = validate.validate_findings(cluster(tmp_path, FakeSlurm()))
+    assert "fail" not in levels(findings), findings
+    out = io.StringIO()
+    assert report(findings, out) == 0 and "0 failed" in out.getvalue()
+
+
+@pytest.mark.parametrize(("node_config", "resources", "match"), [
+    ({"partition": "nope"}, {"CPU": 1}, "'nope' is not a partition"),
+    ({"partition": "cpu", "time": "3:00:00"}, {"CPU": 1}, "more than partition cpu's MaxTime"),
+    ({"partition": "gpu", "gpus": 3}, {"CPU": 1}, "asks for 3 GPUs"),
+    ({"partition": "gpu", "gpus": 1, "gpu_type": "a100"}, {"CPU": 1}, "type 'a100'"),
+    ({"partition": "cpu"}, {"CPU": 8}, "asks for 8 CPUs"),
+    ({"partition": "cpu", "mem": "64G"}, {"CPU": 1}, "MiB of memory"),
+])
+def test_node_type_checks_fail(node_config: dict[str, Any], resources: dict[str, int],
+                               match: str) -> None:
+    fake = FakeSlurm(partitions={"cpu": {"default": True, "max_time_s": 7200}, "gpu": {}})
+    info = fake.cluster_info()
+    nt = {"resources": resources, "node_config": node_config}
+    found = checks.node_type_findings("w", nt, parse_node_config(node_config, "w"),
+                                      parse_provider({}), info)
+    fails = [f.message for f in found if f.level == "fail"]
+    assert fails and match in fails[0], found
+
+
+def test_heterogeneous_partition_warns_and_no_default() -> None:
+    nodes = [Node("a", "1.1.1.1", cpus=4, memory_mb=8000, gres="gpu:2"),
+             Node("b", "1.1.1.2", cpus=16, memory_mb=8000, gres="gpu:2")]
+    fake = FakeSlurm(nodes=nodes, partitions={"p": {}})
+    found = checks.node_type_findings("w", {"resources": {"CPU": 8}}, parse_node_config({}, "w"),
+                                      parse_provider({}), fake.cluster_info())
+    assert [f.level for f in found] == ["fail"] and "no default partition" in found[0].message
+    ncfg = parse_node_config({"partition": "p"}, "w")
+    found = checks.node_type_findings("w", {"resources": {"CPU": 8}}, ncfg, parse_provider({}),
+                                      fake.cluster_info())
+    assert any(f.level == "warn" and "only 1 of 2 nodes" in f.message for f in found)
+
+
+def test_validate_reports_slurm_unreachable(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    fake.set_outage(True)
+    findings = validate.validate_findings(cluster(tmp_path, fake))
+    assert any(f.level == "fail" and "Unable to contact" in f.message for f in findings)
+    assert "fail" not in levels(validate.validate_findings(cluster(tmp_path, fake), live=False))
+
+
+def test_render_builds_every_node_types_script_and_submits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    monkeypatch.setattr("ray_slurm_provider.bootstrap._cluster_info",
+                        lambda *_: fake.cluster_info())
+    scripts = validate.rendered_scripts(cluster(tmp_path, fake))
+    assert [(t, k) for t, k, _ in scripts] == [
+        ("head", "head"), ("cpu_worker", "worker"), ("gpu_worker", "worker")]
+    head, _, gpu = (s for _, _, s in scripts)
+    assert "#SBATCH --job-name=ray-sandbox" in head and "#SBATCH --mem=1500M" in head
+    assert "#SBATCH --gres=gpu:1" in gpu and "ray_slurm_provider.node" in gpu
+    assert fake.calls["submit"] == 0 and not (tmp_path / "state").exists()
+
+
+def test_status_rows_from_one_listing(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    head = fake.submit("#!/bin/bash\n#SBATCH --time=30\n", job_name="ray-sandbox",
+                       comment=encode_tags({"ray-node-kind": "head",
+                                            "ray-user-node-type": "head"}))
+    worker = fake.submit("#!/bin/bash\n", job_name="ray-sandbox",
+                         comment=encode_tags({"ray-node-kind": "worker",
+                                              "ray-user-node-type": "cpu_worker"}))
+    fake.submit("#!/bin/bash\n", job_name="ray-sandbox", comment="not ours")
+    fake.start(head, "n2")
+    fake.set_state(worker, "PENDING", "Resources")
+    fake.clock.advance(60)
+    c.cdir.create()
+    write_json(c.cdir.node(head) / "ray.json", {"ip": "127.0.0.3"})
+    write_json(c.cdir.head_info, {"ip": "127.0.0.3", "dashboard_port": 8265, "gcs_port": 1,
+                                  "job_id": head})
+    data = status.status_data(c)
+    assert fake.calls["list_jobs"] == 1 and data["other_jobs"] == 1
+    rows = {r["job_id"]: r for r in data["nodes"]}
+    assert rows[head]["ray_up"] and rows[head]["address"] == "127.0.0.3"
+    assert rows[head]["time_left_s"] == 1740 and rows[head]["kind"] == "head"
+    assert rows[worker]["reason"] == "Resources" and rows[worker]["node_type"] == "cpu_worker"
+    assert rows[worker]["resources"] == "CPU=1,memory=700000000"
+    text = "\n".join(status.status_lines(data))
+    assert "29:00" in text and "Resources (start unknown)" in text
+    assert "dashboard: http://127.0.0.3:8265" in text and "1 other jobs" in text
+    assert "the cluster is down" in status.status_lines(
+        {"cluster": "x", "job_name": "ray-x", "nodes": [], "other_jobs": 0, "head": None})[0]
+
+
+def test_follow_prints_until_the_job_is_gone(tmp_path: Path) -> None:
+    log = tmp_path / "1.out"
+    out = io.StringIO()
+    writes = iter(["a\n", "b\n", "", "c\n"])
+    state = {"alive": 3}
+
+    def sleep(_: float) -> None:
+        chunk = next(writes, "")
+        with log.open("a") as f:
+            f.write(chunk)
+
+    def alive() -> bool:
+        state["alive"] -= 1
+        return state["alive"] > 0
+
+    status.follow(log, alive, out, sleep=sleep, check_every=2)
+    assert out.getvalue() == "a\nb\nc\n"
+
+
+def test_resolve_job_and_list_logs(tmp_path: Path) -> None:
+    c = cluster(tmp_path, FakeSlurm())
+    assert status.list_logs(c)[0].startswith("no logs yet")
+    c.cdir.create()
+    c.cdir.log("42").write_text("hello\n")
+    assert "42" in status.list_logs(c)[1]
+    assert status.resolve_job(c, "42") == "42" and status.resolve_job(c, None) is None
+    with pytest.raises(Exception, match="no running head"):
+        status.resolve_job(c, "head")
+    with pytest.raises(Exception, match="not a Slurm job id"):
+        status.resolve_job(c, "n1")
+
+
+def test_doctor_token_file_and_temp_dir(tmp_path: Path) -> None:
+    c = cluster(tmp_path, FakeSlurm(), temp_dir_root="/" + "x" * 60)
+    c.cdir.create()
+    token = c.cdir.root / "auth_token"
+    token.write_text("t")
+    token.chmod(0o644)
+    found = doctor.files_findings(c)
+    bad = {f.what: f for f in found if f.level != "ok"}
+    assert bad["Ray auth token"].level == "fail" and "chmod 600" in bad["Ray auth token"].fix
+    assert bad["Ray temp dir"].level == "warn"
+    token.chmod(0o600)
+    assert "Ray auth token" not in {f.what for f in doctor.files_findings(c) if f.level != "ok"}
+
+
+def test_doctor_ports_sees_a_listener(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        base = s.getsockname()[1]
+        fake = FakeSlurm(nodes=[Node("n1", "127.0.0.1", cpus=2, memory_mb=4000)],
+                         partitions={"cpu": {"default": True}, "gpu": {}})
+        c = cluster(tmp_path, fake, ports={"base": base})
+        (f,) = doctor.ports_findings(c, fake.cluster_info())
+        assert f.level == "warn" and f"n1:{base} (GCS)" in f.message
+    assert port_block("x", base).gcs == base
+
+
+def test_duration() -> None:
+    assert [duration(s) for s in (None, 59, 3600, 90061)] == [
+        "UNLIMITED", "00:59", "01:00:00", "1-01:01:01"]
+
+
+def test_cluster_dir_of_loaded_config(tmp_path: Path) -> None:
+    c = cluster(tmp_path, FakeSlurm())
+    assert c.cdir.root == ClusterDir(str(tmp_path / "state"), "sandbox").root
+    assert c.job_name == "ray-sandbox" and c.head_type == "head"

@@ -1,0 +1,54 @@
+"""docs/config-reference.md is generated from the config model and must not drift."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider import docs
+from ray_slurm_provider.config import NodeConfig, ProviderConfig
+
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
+
+
+def test_committed_reference_matches_the_model() -> None:
+    assert REFERENCE.read_text() == docs.reference(), (
+        "docs/config-reference.md is stale: run `ray-slurm docs --output "
+        "docs/config-reference.md` (or `python -m ray_slurm_provider.docs -o ...`)")
+
+
+def _keys(cls: type[object], prefix: str) -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        out.append(f"{prefix}.{f.name}")
+        if not f.metadata.get("doc"):
+            raise AssertionError(f"{prefix}.{f.name} has no doc")
+    return out
+
+
+def test_every_key_is_documented() -> None:
+    text = docs.reference()
+    for cls, prefix in ((ProviderConfig, "provider"), (NodeConfig, "node_config")):
+        for key in _keys(cls, prefix):
+            assert f"| `{key.rsplit('.', 1)[1]}` |" in text
+    assert "## `provider.rest`" in text and "## `provider.ports`" in text
+
+
+def test_check_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stale = tmp_path / "ref.md"
+    stale.write_text("old\n")
+    assert docs.main(["--check", str(stale)]) == 1
+    assert docs.main(["--output", str(stale)]) == 0
+    assert docs.main(["--check", str(stale)]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_type_names() -> None:
+    from typing import Literal
+
+    assert docs.type_name(str | None) == "string or null"
+    assert docs.type_name(Literal["a", "b"]) == "one of `a`, `b`"
+    assert docs.type_name(dict[str, str]) == "mapping of string to string"
+    assert docs.type_name(list[str]) == "list of strings"

@@ -1,0 +1,98 @@
+"""Apptainer, Enroot and Pyxis cannot be installed here: run the FULL rendered worker job
+script with recording fake binaries on PATH and check what the node agent asked them to do.
+
+The fakes record their argv and, for `... ray start ...`, print Ray's "started" banner and
+exit, so the agent goes through its whole start path (address lookup, flags, container
+wrapping, marking Ray up) exactly as in a real job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider.config import NodeConfig, ProviderConfig, load
+from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.slurm.script import render
+from ray_slurm_provider.state import write_json
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
+FAKE = """#!{python}
+import json, os, sys
+name = os.path.basename(sys.argv[0])
+with open(os.environ["REC"], "a") as f:
+    f.write(json.dumps([name, *sys.argv[1:]]) + "\\n")
+if name == "scontrol":
+    sys.stdout.write(open({nodes!r}).read())
+elif "start" in sys.argv and "ray" in " ".join(sys.argv):
+    print("Ray runtime started.", flush=True)
+"""
+IMAGES = {"apptainer": "/shared/ray.sif", "enroot": "/shared/ray.sqsh",
+          "pyxis": "/shared/ray.sqsh"}
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "enroot", "pyxis"])
+def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    for name in ("apptainer", "enroot", "srun", "scontrol"):
+        p = fakebin / name
+        p.write_text(FAKE.format(python=sys.executable,
+                                 nodes=str(FIXTURES / "scontrol_show_node.txt")))
+        p.chmod(0o755)
+    image = tmp_path / IMAGES[runtime].rsplit("/", 1)[1]
+    image.write_text("not really an image")
+    state = tmp_path / "state"
+    pcfg = load(ProviderConfig, {"state_dir": str(state), "auth": {"mode": "token"}},
+                "provider")
+    ncfg = load(NodeConfig, {"partition": "gpu", "container": {
+        "runtime": runtime, "image": str(image), "mounts": ["/data:/data"],
+        "environment": {"NCCL_DEBUG": "INFO"}}}, "node_config")
+    spec = build_job(pcfg=pcfg, cluster_name="c1", node_type="gpu_worker", kind="worker",
+                     ncfg=ncfg, resources={"CPU": 2, "GPU": 1}, labels={},
+                     commands=NodeCommands(start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]),
+                     python=sys.executable)
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    write_json(state / "c1" / "head.json", {"ip": "127.0.0.2", "gcs_port": 25000,
+                                            "job_id": "1"})
+    rec = tmp_path / "rec.jsonl"
+    env = {"PATH": f"{fakebin}:{os.environ['PATH']}", "HOME": str(tmp_path), "REC": str(rec),
+           "SLURM_JOB_ID": "900", "SLURMD_NODENAME": "n1", "SLURM_CPUS_ON_NODE": "2",
+           "SLURM_JOB_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1",
+           "SLURM_CONF": str(tmp_path / "slurm.conf"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cp = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    calls = [json.loads(line) for line in rec.read_text().splitlines()]
+    starts = [c for c in calls if "start" in c and c[0] != "scontrol"]
+    assert len(starts) == 1, calls
+    argv = starts[0]
+    ray = argv[argv.index("ray"):]
+    assert ray[:2] == ["ray", "start"]
+    assert "--address=127.0.0.2:25000" in ray and "--num-gpus=1" in ray
+    assert any(a.startswith("--node-ip-address=127.0.0.") for a in ray)
+    assert "--block" in ray
+    joined = " ".join(argv)
+    assert "/data:/data" in joined and "/tmp/rsp-900:/tmp/rsp-900" in joined
+    if runtime == "apptainer":
+        assert argv[:2] == ["apptainer", "exec"] and "--nv" in argv and str(image) in argv
+    elif runtime == "enroot":
+        create = next(c for c in calls if c[:2] == ["enroot", "create"])
+        assert create[-1] == str(image) and "rsp-c1-900" in create
+        assert argv[:2] == ["enroot", "start"] and "rsp-c1-900" in argv
+        assert ["--env", "NCCL_DEBUG"] == argv[argv.index("NCCL_DEBUG") - 1:][:2]
+        assert any(c[:2] == ["enroot", "remove"] for c in calls)  # cleaned up at job end
+    else:
+        assert argv[0] == "srun" and f"--container-image={image}" in argv
+        assert "--container-name=rsp-c1-900" in argv
+    assert "Ray is up" in cp.stdout
+    token = state / "c1" / "auth_token"
+    assert not token.exists() or token.read_text() not in joined

@@ -1,0 +1,109 @@
+"""The command lines each container runtime renders (golden files), and what reaches them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider.config import ContainerConfig
+from ray_slurm_provider.node_container import NodeContainer, gpu_ids, slurm_mounts
+from ray_slurm_provider.runtimes import RUNTIMES, RunContext, get_runtime
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "runtimes"
+RAY = ["ray", "start", "--address=127.0.0.2:25000", "--block"]
+
+
+def ctx(runtime: str, **cfg: object) -> RunContext:
+    defaults: dict[str, object] = {
+        "image": {"apptainer": "/shared/ray.sif", "enroot": "/shared/ray.sqsh",
+                  "pyxis": "/shared/ray.sqsh"}.get(runtime, "registry.example/ray:2.60"),
+        "mounts": ["/scratch:/scratch"], "environment": {"NCCL_DEBUG": "WARN"},
+        "ulimits": {"memlock": "-1:-1"}, "devices": ["/dev/infiniband/uverbs0"],
+        "shm_size": "16g", "run_options": ["--cap-add=IPC_LOCK"],
+    }
+    defaults.update(cfg)
+    return RunContext("c1", "4242", ContainerConfig(runtime=runtime, **defaults),  # type: ignore[arg-type]
+                      "/tmp/rsp-4242", "/home/u/.ray_slurm/c1", gpu_ids=("2", "3"),
+                      drain_timeout_s=5)
+
+
+def render(runtime: str) -> str:
+    rt, c = get_runtime(runtime), ctx(runtime)
+    out = {
+        "prepare": rt.prepare(c),
+        "run": rt.run(c, RAY, {"RAY_AUTH_MODE": "token"}),
+        "exec": rt.exec(c, ["bash", "-c", "ray status"]),
+        "exec_tty": rt.exec(c, ["bash"], interactive=True),
+        "stop": rt.stop(c),
+        "remove": rt.remove(c),
+        "step_options": rt.step_options(c),
+    }
+    return json.dumps(out, indent=1) + "\n"
+
+
+@pytest.mark.parametrize("runtime", sorted(set(RUNTIMES) - {"none"}))
+def test_golden(runtime: str) -> None:
+    path = GOLDEN / f"{runtime}.json"
+    text = render(runtime)
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_docker_binds_job_life_and_only_allocated_gpus() -> None:
+    argv = get_runtime("docker").run(ctx("docker"), RAY, {"RAY_AUTH_MODE": "token"})
+    assert argv[:5] == ["docker", "run", "--rm", "--init", "--name"]
+    assert "rsp-c1-4242" in argv and "slurm.job_id=4242" in argv
+    assert "-d" not in argv and "--detach" not in argv  # foreground: the job owns it
+    assert argv[argv.index("--gpus") + 1] == "device=2,3"
+    assert "--privileged" not in argv  # opt-in only
+    assert "token" not in " ".join(argv)  # env values never on the command line
+    assert ["-e", "RAY_AUTH_MODE"] == argv[argv.index("RAY_AUTH_MODE") - 1:][:2]
+
+
+def test_privileged_and_devices_are_opt_in() -> None:
+    plain = get_runtime("docker").run(ctx("docker", devices=[]), RAY, {})
+    assert "--privileged" not in plain and "--device" not in plain
+    priv = get_runtime("docker").run(ctx("docker", privileged=True), RAY, {})
+    assert "--privileged" in priv
+
+
+def test_tar_image_needs_a_tag() -> None:
+    with pytest.raises(ValueError, match="image_tag"):
+        get_runtime("docker").run(ctx("docker", image="/shared/ray.tar"), RAY, {})
+    c = ctx("docker", image="/shared/ray.tar.gz", image_tag="ray:site")
+    assert get_runtime("docker").prepare(c) == [["docker", "load", "--input",
+                                                "/shared/ray.tar.gz"]]
+    assert "ray:site" in get_runtime("docker").run(c, RAY, {})
+
+
+def test_gpu_ids_come_from_slurm() -> None:
+    assert gpu_ids({"SLURM_JOB_GPUS": "4,5"}) == ("4", "5")
+    assert gpu_ids({}) == ()
+
+
+def test_slurm_mounts_follow_the_config(tmp_path: Path) -> None:
+    conf = tmp_path / "etc" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text(f"AuthType=auth/munge\nAuthInfo=socket={tmp_path}/munge/munge.socket\n")
+    assert slurm_mounts({"SLURM_CONF": str(conf)}) == (
+        f"{conf.parent}:{conf.parent}:ro", f"{tmp_path}/munge:{tmp_path}/munge")
+
+
+def test_container_env_passes_ray_settings_by_name(tmp_path: Path) -> None:
+    nc = NodeContainer(ContainerConfig(runtime="docker", image="x", gpus=True,
+                                       environment={"A": "1"}),
+                       cluster_name="c1", job_id="7", temp_dir=str(tmp_path / "t"),
+                       cluster_dir=str(tmp_path), env={"SLURM_JOB_GPUS": "0"},
+                       drain_timeout_s=5, head=False, env_names=["MY_VAR"], log=print)
+    env = {"RAY_AUTH_MODE": "token", "CUDA_VISIBLE_DEVICES": "0", "MY_VAR": "x",
+           "UNRELATED": "y", "DOCKER_HOST": "unix:///d.sock"}
+    argv, full = nc.wrap(["/venv/bin/ray", "start", "--block"], env)
+    passed = {argv[i + 1] for i, a in enumerate(argv) if a == "-e"}
+    assert passed == {"RAY_AUTH_MODE", "MY_VAR", "A", "DOCKER_HOST"}
+    assert full["A"] == "1"
+    assert argv[-3:] == ["ray", "start", "--block"]  # the image's ray, not the host path
