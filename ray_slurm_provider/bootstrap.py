@@ -84,6 +84,9 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
     provider = config["provider"]
     provider["disable_node_updaters"] = True
     provider.setdefault("python", sys.executable)
+    from ray_slurm_provider.slurm.rest import pin_env_defaults
+
+    pin_env_defaults(provider)
     if not config.get("head_start_ray_commands"):
         config["head_start_ray_commands"] = list(DEFAULT_HEAD_START)
     start = list(config.get("worker_start_ray_commands") or DEFAULT_WORKER_START)

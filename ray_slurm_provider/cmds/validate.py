@@ -50,7 +50,7 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
                        f"Slurm {info.version}, partitions: "
                        f"{', '.join(p.name for p in info.partitions)}"))
     for t, ncfg in ncfgs.items():
-        out += node_type_findings(t, cluster.node_types[t] or {}, ncfg, cluster.pcfg, info)
+        out += node_type_findings(cluster.config, t, ncfg, info)
     return out
 
 

@@ -96,6 +96,11 @@ class Podman(Docker):
 
     name = "podman"
 
+    def list_cluster(self, ctx: RunContext) -> list[str] | None:
+        # Podman's .Labels is a map (Docker's is a string): index it.
+        return [*self.cli(ctx), "ps", "-a", "--filter", f"label={CLUSTER_LABEL}={ctx.cluster_name}",
+                "--format", f'{{{{.Names}}}} {{{{index .Labels "{JOB_LABEL}"}}}}']
+
     def gpu_options(self, ctx: RunContext) -> list[str]:
         if not (ctx.cfg.gpus and ctx.gpu_ids):
             return []

@@ -55,10 +55,18 @@ def rootfs_tar(path: Path) -> None:
                 tar.addfile(info, io.BytesIO(data))
 
 
-def build(tag: str = DEFAULT_TAG, docker: str = "docker") -> str:
-    """Build and import the image; return its tag."""
+#: Podman flags that work on this kind of machine (cgroup v1 + cgroup2 "hybrid", no systemd,
+#: root): vfs storage, cgroupfs, file events. Containers also need `--runtime runc` (crun
+#: refuses hybrid cgroups) and explicit nofile/nproc ulimits (see sandbox-podman.yaml).
+PODMAN_ARGS = ("--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
+               "--events-backend", "file")
+
+
+def build(tag: str = DEFAULT_TAG, runtime: str = "docker") -> str:
+    """Build and import the image into docker or podman; return its tag."""
+    cli = ["podman", *PODMAN_ARGS] if runtime == "podman" else [runtime]
     with tempfile.TemporaryDirectory(prefix="rsp-image-") as d:
         tar = Path(d) / "rootfs.tar"
         rootfs_tar(tar)
-        proc.run([docker, "import", str(tar), tag], timeout=300)
+        proc.run([*cli, "import", str(tar), tag], timeout=300)
     return tag

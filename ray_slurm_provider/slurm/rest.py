@@ -43,6 +43,19 @@ JWT_FILE_ENV = "RAY_SLURM_JWT_FILE"
 _LIST_STATES = frozenset(LIST_STATES.split(","))
 
 
+def pin_env_defaults(provider: dict[str, Any], env: Mapping[str, str] | None = None) -> None:
+    """At `ray up`: write RAY_SLURM_REST_URL / RAY_SLURM_JWT_FILE into an unset
+    `provider.rest.url` / `jwt_file`. The head's autoscaler reads the provider section, not
+    the login node's environment (RAY_* variables never reach jobs)."""
+    if provider.get("slurm_api") != "rest":
+        return
+    src = os.environ if env is None else env
+    rest = provider.setdefault("rest", {})
+    for key, var in (("url", URL_ENV), ("jwt_file", JWT_FILE_ENV)):
+        if not rest.get(key) and src.get(var):
+            rest[key] = src[var]
+
+
 class RestSlurmClient:
     """Talks to slurmrestd; constructing it runs nothing and opens no connection."""
 

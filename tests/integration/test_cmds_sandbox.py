@@ -68,12 +68,12 @@ def test_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], api: str) 
     path, _ = write_config(tmp_path, api)
     code, out = run(capsys, "validate", path)
     assert code == 0, out
-    assert "Slurm 22.05" in out and "partition cpu (3 nodes" in out
+    assert "Slurm 22.05" in out and "partition cpu: 3 nodes" in out
     path, _ = write_config(tmp_path, api, gpu_worker={"gpus": 3},
                            cpu_worker={"partition": "nosuch"})
     code, out = run(capsys, "validate", path)
     assert code == 1
-    assert "asks for 3 GPUs, but the largest node of partition gpu has 2" in out
+    assert "3 is more than the 2 GPUs per node of partition 'gpu'" in out
     assert "'nosuch' is not a partition of this cluster" in out and "fix: use one of" in out
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from ray_slurm_provider.cmds import checks, doctor, status, validate
 from ray_slurm_provider.cmds.common import Cluster, duration, load_cluster, report
-from ray_slurm_provider.config import parse_node_config, parse_provider
+from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
@@ -48,34 +48,33 @@ def test_validate_passes_on_the_sandbox_shape(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("node_config", "resources", "match"), [
     ({"partition": "nope"}, {"CPU": 1}, "'nope' is not a partition"),
-    ({"partition": "cpu", "time": "3:00:00"}, {"CPU": 1}, "more than partition cpu's MaxTime"),
-    ({"partition": "gpu", "gpus": 3}, {"CPU": 1}, "asks for 3 GPUs"),
-    ({"partition": "gpu", "gpus": 1, "gpu_type": "a100"}, {"CPU": 1}, "type 'a100'"),
-    ({"partition": "cpu"}, {"CPU": 8}, "asks for 8 CPUs"),
-    ({"partition": "cpu", "mem": "64G"}, {"CPU": 1}, "MiB of memory"),
+    ({"partition": "cpu", "time": "3:00:00"}, {"CPU": 1}, "longer than partition 'cpu' allows"),
+    ({"partition": "gpu", "gpus": 3}, {"CPU": 1}, "more than the 2 GPUs per node"),
+    ({"partition": "gpu", "gpus": 1, "gpu_type": "a100"}, {"CPU": 1}, "not a GPU type"),
+    ({"partition": "cpu"}, {"CPU": 8}, "more than the 2 CPUs per node"),
+    ({"partition": "cpu", "mem": "64G"}, {"CPU": 1}, "more than the 4000M per node"),
 ])
 def test_node_type_checks_fail(node_config: dict[str, Any], resources: dict[str, int],
                                match: str) -> None:
     fake = FakeSlurm(partitions={"cpu": {"default": True, "max_time_s": 7200}, "gpu": {}})
-    info = fake.cluster_info()
-    nt = {"resources": resources, "node_config": node_config}
-    found = checks.node_type_findings("w", nt, parse_node_config(node_config, "w"),
-                                      parse_provider({}), info)
+    config = {"available_node_types": {"w": {"resources": resources,
+                                             "node_config": node_config}}}
+    found = checks.node_type_findings(config, "w", parse_node_config(node_config, "w"),
+                                      fake.cluster_info())
     fails = [f.message for f in found if f.level == "fail"]
     assert fails and match in fails[0], found
 
 
-def test_heterogeneous_partition_warns_and_no_default() -> None:
-    nodes = [Node("a", "1.1.1.1", cpus=4, memory_mb=8000, gres="gpu:2"),
-             Node("b", "1.1.1.2", cpus=16, memory_mb=8000, gres="gpu:2")]
-    fake = FakeSlurm(nodes=nodes, partitions={"p": {}})
-    found = checks.node_type_findings("w", {"resources": {"CPU": 8}}, parse_node_config({}, "w"),
-                                      parse_provider({}), fake.cluster_info())
-    assert [f.level for f in found] == ["fail"] and "no default partition" in found[0].message
-    ncfg = parse_node_config({"partition": "p"}, "w")
-    found = checks.node_type_findings("w", {"resources": {"CPU": 8}}, ncfg, parse_provider({}),
+def test_no_default_partition_and_unlimited_time() -> None:
+    nodes = [Node("a", "1.1.1.1", cpus=4, memory_mb=8000, gres="gpu:2")]
+    fake = FakeSlurm(nodes=nodes, partitions={"p": {}, "q": {}})
+    config = {"available_node_types": {"w": {"resources": {"CPU": 2}}}}
+    found = checks.node_type_findings(config, "w", parse_node_config({}, "w"),
                                       fake.cluster_info())
-    assert any(f.level == "warn" and "only 1 of 2 nodes" in f.message for f in found)
+    assert [f.level for f in found] == ["fail"] and "no default partition" in found[0].message
+    found = checks.node_type_findings(config, "w", parse_node_config({"partition": "p"}, "w"),
+                                      fake.cluster_info())
+    assert any(f.level == "warn" and "no time limit" in f.message for f in found)
 
 
 def test_validate_reports_slurm_unreachable(tmp_path: Path) -> None:

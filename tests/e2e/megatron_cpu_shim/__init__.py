@@ -1,8 +1,8 @@
 """Test-only: let megatron-core 0.16 train on a machine without CUDA (gloo, fp32).
 
-The Megatron template never carries this. The e2e smoke test ships this file to the cluster
-with the job (`py_modules`) and names `install` as Ray's `worker_process_setup_hook`, so it
-runs in every worker process of the job; the local tests call `install()` directly.
+The Megatron template never carries this. The e2e smoke test ships this package to the
+cluster with the job (`py_modules`) and names `install` as Ray's `worker_process_setup_hook`,
+so it runs in every worker process of the job; the local tests call `install()` directly.
 `install()` itself imports nothing heavy: it patches when megatron-core's RNG module is first
 imported (a rank importing its recipe), so the job supervisor and the placement probes never
 load torch. It does nothing when CUDA is available.

@@ -1,0 +1,161 @@
+"""Helpers for the hardening e2e tests: what a job is, when it was submitted, which process
+is whose raylet, what the head's autoscaler logged, and Ray jobs that run in the background."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
+
+from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.client import Job
+from ray_slurm_provider.slurm.parse import parse_duration, parse_kv_line
+from tests.e2e.harness import RayCluster
+
+TICK_S = 5.0  # AUTOSCALER_UPDATE_INTERVAL_S, v2's default
+_LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+
+
+def jobs(cluster: RayCluster) -> list[Job]:
+    """The cluster's jobs as the provider sees them (one squeue)."""
+    return CliSlurmClient().list_jobs(f"ray-{cluster.name}")
+
+
+def node_type(job: Job) -> str:
+    return (decode_tags(job.comment) or {}).get(TAG_RAY_USER_NODE_TYPE, "")
+
+
+def workers(cluster: RayCluster, ntype: str, *, ray_up: bool = False) -> list[Job]:
+    """Active jobs of `ntype`, RUNNING with Ray up if `ray_up`."""
+    out = [j for j in jobs(cluster) if j.active and node_type(j) == ntype]
+    if ray_up:
+        out = [j for j in out if j.running and cluster.cdir.ray_up(j.job_id)]
+    return sorted(out, key=lambda j: int(j.job_id))
+
+
+def show_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job` (works for MinJobAge after the job ended)."""
+    out = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return parse_kv_line(out.strip())
+
+
+def epoch(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp).timestamp()
+
+
+def submitted_at(job_id: str) -> float:
+    return epoch(show_job(job_id)["SubmitTime"])
+
+
+def run_time_s(info: dict[str, str]) -> int:
+    return parse_duration(info["RunTime"]) or 0
+
+
+def gone(job_id: str) -> bool:
+    """The job no longer holds an allocation (ended, or ending)."""
+    state = show_job(job_id).get("JobState", "")
+    return state not in ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED")
+
+
+def pids_with(*needles: str) -> list[int]:
+    """PIDs whose command line contains every needle."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(n in cmd for n in needles):
+            out.append(int(p.name))
+    return out
+
+
+def raylet_pid(job_id: str) -> int:
+    """The raylet of exactly this job (its temp dir is /tmp/rsp-<job id>)."""
+    (pid,) = [p for p in pids_with("raylet/raylet", f"/rsp-{job_id}/")
+              if Path(f"/proc/{p}/exe").resolve().name == "raylet"]
+    return pid
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+
+
+def agent_pid(cluster: RayCluster, job_id: str) -> int:
+    import json
+
+    return int(json.loads((cluster.cdir.node(job_id) / "agent.json").read_text())["pid"])
+
+
+def stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+
+
+def cont(pid: int) -> None:
+    if alive(pid):
+        os.kill(pid, signal.SIGCONT)
+
+
+def monitor_log(cluster: RayCluster) -> Path:
+    head = cluster.head()["job_id"]
+    return Path(f"/tmp/rsp-{head}/session_latest/logs/monitor.log")
+
+
+def log_lines(path: Path, since: float, pattern: str = "") -> list[tuple[float, str]]:
+    """Timestamped lines of a Ray log at or after `since` that match `pattern`."""
+    out = []
+    rx = re.compile(pattern)
+    for line in path.read_text(errors="replace").splitlines():
+        m = _LOG_TS.match(line)
+        if not m:
+            continue
+        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+        if t >= since and rx.search(line):
+            out.append((t, line))
+    return out
+
+
+class Driver:
+    """A Ray job submitted with --no-wait; its output is read when it ends."""
+
+    def __init__(self, cluster: RayCluster, script: str) -> None:
+        self.cluster = cluster
+        self.sid = f"hard-{uuid.uuid4().hex[:8]}"
+        cluster.ray("job", "submit", "--no-wait", "--address", cluster.dashboard,
+                    "--submission-id", self.sid, "--", "python", "-c", script)
+
+    def status(self) -> str:
+        out = self.cluster.ray("job", "status", "--address", self.cluster.dashboard, self.sid,
+                               check=False).stdout
+        for state in ("SUCCEEDED", "FAILED", "STOPPED", "RUNNING", "PENDING"):
+            if state in out:
+                return state
+        return "UNKNOWN"
+
+    def logs(self) -> str:
+        return self.cluster.ray("job", "logs", "--address", self.cluster.dashboard, self.sid,
+                                check=False).stdout
+
+    def result(self, tag: str) -> str:
+        line = next((x for x in self.logs().splitlines() if x.startswith(tag + " ")), None)
+        assert line is not None, self.logs()[-3000:]
+        return line.split(" ", 1)[1]
+
+    def stop(self) -> None:
+        self.cluster.ray("job", "stop", "--address", self.cluster.dashboard, self.sid,
+                         check=False)
