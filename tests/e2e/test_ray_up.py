@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
+import urllib.error
+import urllib.request
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
+from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
@@ -69,6 +73,52 @@ def test_exec_runs_inside_the_head_job(cluster: RayCluster) -> None:
 def test_get_head_ip(cluster: RayCluster) -> None:
     out = cluster.ray("get-head-ip", str(cluster.path)).stdout.strip().splitlines()[-1]
     assert out == cluster.head()["ip"]
+
+
+def test_second_ray_up_updates_the_same_head(cluster: RayCluster) -> None:
+    head = cluster.head()["job_id"]
+    TIMINGS["ray up on a running cluster"] = cluster.up()
+    assert [j for j, _ in cluster.jobs()] == [head]
+    assert cluster.head()["job_id"] == head
+
+
+def test_attach_rsync_and_dashboard(cluster: RayCluster, tmp_path: Path) -> None:
+    cp = subprocess.run([RAY, "attach", str(cluster.path)], input="echo ATTACHED $SLURM_JOB_ID\n"
+                        "exit\n", capture_output=True, text=True, timeout=120, env=cluster.env())
+    assert f"ATTACHED {cluster.head()['job_id']}" in cp.stdout, cp.stdout + cp.stderr
+    src = tmp_path / "up.txt"
+    src.write_text("hello")
+    remote = str(cluster.cdir.root / "rsync-test.txt")
+    cluster.ray("rsync-up", str(cluster.path), str(src), remote)
+    cluster.ray("rsync-down", str(cluster.path), remote, str(tmp_path / "down.txt"))
+    assert (tmp_path / "down.txt").read_text() == "hello"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dash = subprocess.Popen([RAY, "dashboard", "-p", str(port), str(cluster.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=cluster.env(), start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}/api/version"
+        wait_for(lambda: _status(url) != 0, 60, "the forwarded dashboard", every=0.5)
+        assert _status(url) == 401  # token auth: refused without the token
+        token = (cluster.cdir.root / "auth_token").read_text().strip()
+        assert _status(url, token) == 200
+    finally:
+        dash.terminate()
+        dash.wait(timeout=30)
+
+
+def _status(url: str, token: str = "") -> int:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
+                                 else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
 
 
 def test_job_submit_scales_up_from_zero(cluster: RayCluster) -> None:

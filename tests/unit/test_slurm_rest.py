@@ -362,3 +362,15 @@ def test_fixtures_exist() -> None:
     assert sorted(p.name for p in V38.glob("*.json"))
     assert sorted(p.name for p in V41.glob("*.json"))
     assert os.path.isdir(V38) and URL.startswith("http")
+
+
+def test_pin_env_defaults_only_for_rest() -> None:
+    from ray_slurm_provider.slurm.rest import pin_env_defaults
+
+    env = {"RAY_SLURM_REST_URL": "http://r:1", "RAY_SLURM_JWT_FILE": "/s/jwt"}
+    provider: dict[str, object] = {"slurm_api": "rest", "rest": {"url": "http://mine:2"}}
+    pin_env_defaults(provider, env)
+    assert provider["rest"] == {"url": "http://mine:2", "jwt_file": "/s/jwt"}
+    cli: dict[str, object] = {}
+    pin_env_defaults(cli, env)
+    assert cli == {}

@@ -1,0 +1,69 @@
+"""`ray up` ... `ray down` with `provider.slurm_api: rest`: every job the provider submits,
+lists and cancels (on the login node and in the head's autoscaler) goes through the sandbox's
+real slurmrestd. One small cluster, one scale-up, then down.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ray_slurm_provider import cli
+from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
+
+pytestmark = [pytest.mark.e2e]
+CONFIG = ROOT / "cluster-configs" / "sandbox-rest.yaml"
+
+
+@pytest.fixture(scope="module")
+def cluster(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    c = RayCluster.from_file(tmp_path_factory.mktemp("e2e-rest"), "e2e-rest", CONFIG)
+    try:
+        t0 = time.monotonic()
+        c.up()
+        print(f"TIMINGS ray up (rest): {time.monotonic() - t0:.1f}s")
+        yield c
+    finally:
+        c.down()
+        c.cleanup()
+
+
+def test_head_autoscaler_uses_rest(cluster: RayCluster) -> None:
+    boot = yaml.safe_load(cluster.cdir.bootstrap_config.read_text())
+    rest = boot["provider"]["rest"]
+    assert boot["provider"]["slurm_api"] == "rest"
+    assert rest["url"].startswith("http://127.0.0.1:") and rest["jwt_file"].endswith("jwt.token")
+
+
+def test_scale_up_through_slurmrestd(cluster: RayCluster,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    head = cluster.head()["job_id"]
+    t0 = time.monotonic()
+    out = cluster.submit(
+        "import ray; ray.init();"
+        "f = ray.remote(num_cpus=1)(lambda: ray.get_runtime_context().get_node_id());"
+        "print('NODES', len(set(ray.get([f.remote() for _ in range(2)]))))", timeout=600)
+    print(f"TIMINGS demand -> task done on a REST-submitted worker: "
+          f"{time.monotonic() - t0:.1f}s")
+    assert re.search(r"NODES [12]", out), out
+    workers = [j for j, _ in cluster.jobs() if j != head]
+    assert workers
+    # The head's autoscaler negotiated slurmrestd's API (its provider logs to monitor.*).
+    logs = Path("/tmp") / f"rsp-{head}" / "session_latest" / "logs"
+    text = "".join(p.read_text(errors="replace") for p in logs.glob("monitor*"))
+    assert "speaks v0.0.38" in text
+    capsys.readouterr()
+    assert cli.main(["status", str(cluster.path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["nodes"]
+    assert {r["kind"] for r in rows} >= {"head", "worker"}
+
+
+def test_down_through_rest_leaves_nothing(cluster: RayCluster) -> None:
+    cluster.down()
+    wait_for(lambda: squeue(f"ray-{cluster.name}") == [], 60, "jobs to leave squeue")

@@ -1,0 +1,83 @@
+"""The node agent's start logic, in-process with fake `ray start` children (no Slurm)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ray_slurm_provider import node
+from ray_slurm_provider.node import Agent, NodeSpec
+from ray_slurm_provider.state import read_json, write_json
+
+
+class FakeChild:
+    def __init__(self, lines: list[str], code: int) -> None:
+        self.stdout = io.StringIO("".join(lines))
+        self.code = code
+
+    def wait(self) -> int:
+        return self.code
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        pass
+
+
+def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[FakeChild],
+          attempts: int = 3) -> tuple[Agent, list[list[str]]]:
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1",
+                    state_dir=str(tmp_path), ports_base=25000, attempts=attempts,
+                    temp_dir_root=str(tmp_path / "tmp"))
+    a = Agent(spec, {"SLURM_JOB_ID": "9", "SLURM_CPUS_ON_NODE": "1", "HOME": str(tmp_path)})
+    write_json(a.cdir.head_info, {"ip": "127.0.0.2", "gcs_port": 25000, "job_id": "1"})
+    started: list[list[str]] = []
+
+    def start(argv: list[str], env: Any = None) -> FakeChild:
+        started.append(list(argv))
+        return children.pop(0)
+
+    monkeypatch.setattr(node.proc, "start", start)
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
+    monkeypatch.setattr(node.time, "sleep", lambda s: None)  # the retry backoff
+    return a, started
+
+
+def test_failed_starts_are_retried_then_ray_runs(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    timed_out = ["The current node timed out during startup.\n"]
+    a, started = agent(tmp_path, monkeypatch, [
+        FakeChild(timed_out, 1), FakeChild(timed_out, 1),
+        FakeChild(["Ray runtime started.\n"], 0)])
+    seen: dict[str, Any] = {}
+    orig = a.mark_started
+
+    def mark(argv: list[str], env: dict[str, str]) -> None:
+        orig(argv, env)
+        seen["ray"] = read_json(a.ndir / "ray.json")
+
+    a.mark_started = mark  # type: ignore[method-assign]
+    assert a.main() == 0
+    assert len(started) == 3
+    assert seen["ray"] == {"ip": "127.0.0.3", "job_id": "9"}
+    assert not (a.ndir / "ray.json").exists()  # Ray gone -> no longer reported up
+
+
+def test_gives_up_and_ends_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    a, started = agent(tmp_path, monkeypatch, [FakeChild([], 1), FakeChild([], 1)], attempts=2)
+    assert a.main() == 1
+    assert len(started) == 2
+    assert "giving up: Ray never started on this node" in capsys.readouterr().out
+
+
+def test_worker_without_head_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    a, started = agent(tmp_path, monkeypatch, [], attempts=1)
+    a.cdir.head_info.unlink()
+    assert a.main() == 1 and started == []
+    assert "no running head found" in capsys.readouterr().out
