@@ -79,7 +79,8 @@ class RestConfig:
     )
     user: str | None = doc(
         "Slurm user name sent with the token (`X-SLURM-USER-NAME`); also the user whose jobs "
-        "the provider lists. Default: the user running the provider.",
+        "the provider lists. Default: the token's own user (its `sun` claim), else the user "
+        "running the provider.",
         None,
     )
 

@@ -8,6 +8,7 @@ is what, readable from the login node and from the head alike.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
-from ray_slurm_provider.node import NodeSpec
+from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import ClusterDir
@@ -34,14 +35,21 @@ def encode_tags(tags: Mapping[str, str]) -> str:
 
 
 def decode_tags(comment: str) -> dict[str, str] | None:
-    """Tags from a job comment, or None when the job is not one of ours."""
+    """Tags from a job comment (a new dict each call), or None when the job is not ours."""
+    items = _decode(comment)
+    return dict(items) if items is not None else None
+
+
+@functools.lru_cache(maxsize=65536)
+def _decode(comment: str) -> tuple[tuple[str, str], ...] | None:
+    # Memoized: a job's comment never changes, and every autoscaler tick decodes every job's.
     if not comment.startswith(COMMENT_PREFIX):
         return None
     try:
         data = json.loads(comment[len(COMMENT_PREFIX):])
     except ValueError:
         return None
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
+    return tuple((str(k), str(v)) for k, v in data.items()) if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ray_slurm_provider import auth, program
 from ray_slurm_provider.ports import port_block
 
 if TYPE_CHECKING:
-    from ray_slurm_provider.node import NodeSpec
+    from ray_slurm_provider.nodespec import NodeSpec
     from ray_slurm_provider.state import ClusterDir
 
 STANDARD = ("CPU", "GPU", "memory", "object_store_memory")

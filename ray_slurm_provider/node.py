@@ -17,74 +17,22 @@ job lingers without a Ray node and no Ray node outlives its job.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_slurm_provider import headwatch, proc, program
 from ray_slurm_provider.launch_flags import ray_start_argv
 from ray_slurm_provider.node_container import NodeContainer
+from ray_slurm_provider.nodespec import NodeSpec, log, wait_port_free
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import ClusterDir, read_json, write_json
 
 STARTED_MARKER = "Ray runtime started"
-
-
-@dataclass
-class NodeSpec:
-    """Everything a job needs to start its Ray node; rendered as JSON into the job script."""
-
-    kind: str  # "head" | "worker"
-    node_type: str
-    cluster_name: str
-    state_dir: str
-    ports_base: int
-    start_commands: list[str] = field(default_factory=list)
-    resources: dict[str, int] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    auth_mode: str = "token"
-    temp_dir_root: str = "/tmp"
-    node_ip_interface: str | None = None
-    drain_timeout_s: int = 5
-    attempts: int = 3
-    head_start_timeout_s: int = 1800
-    object_store_memory: int | None = None
-    object_store_fraction: float = 0.3
-    container: dict[str, Any] = field(default_factory=dict)  # ContainerConfig as a dict
-    env_names: list[str] = field(default_factory=list)  # user env for the container
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> NodeSpec:
-        return cls(**json.loads(text))
-
-
-def wait_port_free(host: str, port: int, timeout: float) -> None:
-    """Wait until nothing accepts connections on host:port (raise RuntimeError if it stays
-    taken: another cluster on this node owns it; choose `provider.ports.base`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex((host, port)) != 0:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"port {port} on {host} is in use by another process; set "
-                               "provider.ports.base to give this cluster other ports")
-        time.sleep(0.25)
-
-
-def log(msg: str) -> None:
-    print(f"[ray-slurm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class Agent:

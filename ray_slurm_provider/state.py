@@ -54,6 +54,9 @@ class ClusterDir:
 
     def __init__(self, state_dir: str, cluster_name: str) -> None:
         self.root = Path(os.path.expanduser(state_dir)) / cluster_name
+        # `tags` and `ray_up` run for every node on every autoscaler tick: plain strings
+        # there, pathlib costs more than the system calls (bench/p4_listing_cpu.py).
+        self._nodes_dir = os.path.join(self.root, "nodes")
 
     def create(self) -> None:
         for d in (self.root, self.logs, self.root / "nodes"):
@@ -78,7 +81,11 @@ class ClusterDir:
         return self.root / "nodes" / job_id
 
     def tags(self, job_id: str) -> dict[str, str]:
-        data = read_json(self.node(job_id) / "tags.json")
+        try:
+            with open(os.path.join(self._nodes_dir, job_id, "tags.json")) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return {}
         return dict(data) if isinstance(data, dict) else {}
 
     def set_tags(self, job_id: str, tags: dict[str, str]) -> None:
@@ -86,7 +93,7 @@ class ClusterDir:
         write_json(self.node(job_id) / "tags.json", merged)
 
     def ray_up(self, job_id: str) -> bool:
-        return (self.node(job_id) / "ray.json").exists()
+        return os.path.exists(os.path.join(self._nodes_dir, job_id, "ray.json"))
 
     def forget(self, job_ids: list[str]) -> None:
         """Drop the state of nodes that are gone for good."""

@@ -101,7 +101,8 @@ def v41_server() -> FakeRest:
 
 def client(server: FakeRest, user: str = "root", clock: float = 1796000905.0 + 30,
            **kw: Any) -> RestSlurmClient:
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/root", "USER": user, "SLURM_JWT": TOKEN,
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/root", "USER": user,
+           "SLURM_JWT": make_jwt(user=user),
            "SLURM_JOB_ID": "1", "RAY_ADDRESS": "x", "SLURM_CONF": "/etc/slurm/slurm.conf",
            "BASH_FUNC_module%%": "() { :; }", "LANG": "C.UTF-8"}
     env.update(kw.pop("env", {}))

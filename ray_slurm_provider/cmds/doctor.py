@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+
 from ray_slurm_provider import auth, proc
 from ray_slurm_provider.bootstrap import validate
 from ray_slurm_provider.config import ConfigError, parse_node_config
@@ -170,7 +172,7 @@ def ports_findings(cluster: Cluster, info: ClusterInfo) -> list[Finding]:
     except SlurmError as e:
         return [Finding("fail", what, f"cannot list the cluster's jobs: {e}", "see above")]
     heads = [j for j in jobs if j.running and
-             (decode_tags(j.comment) or {}).get("ray-node-kind") == "head"]
+             (decode_tags(j.comment) or {}).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD]
     if heads:
         h = heads[0]
         up = _listening(h.node_addr, block.gcs)

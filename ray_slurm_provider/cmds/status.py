@@ -18,15 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
+
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.client import Job, SlurmError
 from ray_slurm_provider.state import read_json
 
 from .common import Cluster, CommandError, duration, load_cluster, run_command, table
 
-KIND = "ray-node-kind"
-NODE_TYPE = "ray-user-node-type"
-STATUS = "ray-node-status"
+KIND, NODE_TYPE, STATUS = TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RAY_NODE_STATUS
 
 
 def _resources(cluster: Cluster, node_type: str) -> str:

@@ -8,6 +8,7 @@ its timeout). The placement group stays; the next attempt reuses its bundles.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -50,8 +51,13 @@ class AttemptRecord:
 
 
 def _error_text(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1] if text else ''}"[:500]
+    """One short line: Ray's actor-death messages run to a paragraph of advice."""
+    text = " ".join(str(e).split())
+    m = re.search(r"Worker exit type: (\w+)", text)
+    if "ActorDiedError" in type(e).__name__ and m:
+        return f"{type(e).__name__}: the rank's process died (exit type {m.group(1)})"
+    lines = [x for x in str(e).strip().splitlines() if x.strip()]
+    return f"{type(e).__name__}: {lines[-1].strip() if lines else ''}"[:300]
 
 
 class Attempt:
@@ -109,7 +115,8 @@ class Attempt:
                         timeout=s.start_timeout_s)
         return [Member(slot=i["slot"], bundle=i["bundle"], node_ip=i["node_ip"],
                        node_id=i["node_id"], gpu_ids=tuple(i["gpu_ids"]),
-                       hostname=i["hostname"], pid=i["pid"]) for i in infos]
+                       hostname=i["hostname"], pid=i["pid"],
+                       slurm_job_id=i["slurm_job_id"]) for i in infos]
 
     def _run(self) -> None:
         import ray

@@ -34,6 +34,7 @@ class Member:
     gpu_ids: tuple[str, ...] = ()
     hostname: str = ""
     pid: int = 0
+    slurm_job_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def describe_layout(assignments: Sequence[Assignment]) -> str:
         ours = [a for a in assignments if a.node_rank == node_rank]
         m = ours[0].member
         gpus = ",".join(g for a in ours for g in a.member.gpu_ids) or "-"
-        lines.append(f"node {node_rank} {m.node_ip} ({m.hostname or '?'}, {m.node_id[:8]}): "
-                     f"ranks {ours[0].rank}-{ours[-1].rank} gpus {gpus}")
+        job = f", Slurm job {m.slurm_job_id}" if m.slurm_job_id else ""
+        lines.append(f"node {node_rank} {m.node_ip} ({m.hostname or '?'}, Ray node "
+                     f"{m.node_id[:8]}{job}): ranks {ours[0].rank}-{ours[-1].rank} gpus {gpus}")
     return "\n".join(lines)

@@ -120,15 +120,19 @@ class CliSlurmClient:
             "--me", "--noheader", f"--name={job_name}", f"--states={LIST_STATES}",
             f"--format={parse.SQUEUE_FORMAT}",
         ])
+        with self._addr_lock:
+            cached = self._addrs  # replaced, never mutated: safe to read after the lock
         try:
-            jobs = parse.parse_squeue(out)
+            jobs = parse.parse_squeue(out, cached)
         except ValueError as e:
             raise PermanentSlurmError(f"cannot parse squeue output: {e}", command="squeue") from e
-        hosts = {j.batch_host for j in jobs if j.batch_host}
-        if not hosts:
+        # Addresses came from the cached node table; fetch it only for a host not in it yet.
+        missing = {j.batch_host for j in jobs if j.batch_host and j.batch_host not in cached}
+        if not missing:
             return jobs
-        addrs = self._addresses_for(hosts)
-        return [replace(j, node_addr=addrs.get(j.batch_host, "")) for j in jobs]
+        addrs = self._addresses_for(missing)
+        return [replace(j, node_addr=addrs.get(j.batch_host, "")) if j.batch_host else j
+                for j in jobs]
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         """One scancel for all ids; jobs that are already gone are not an error."""

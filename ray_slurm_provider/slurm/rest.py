@@ -76,7 +76,7 @@ class RestSlurmClient:
         self._addr_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
         self._addrs: dict[str, str] = {}
-        self._warned_requeue = False
+        self._noted: set[str] = set()
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -92,14 +92,23 @@ class RestSlurmClient:
                 "http://slurm-rest.example.org:6820", command="slurmrestd")
         return url.rstrip("/")
 
+    def _token(self) -> str:
+        jwt_file = self._jwt_file or self.environ().get(JWT_FILE_ENV) or None
+        return rest_http.read_token(jwt_file, self._jwt_env, self.environ())
+
+    def _user_for(self, token: str) -> str:
+        sun = rest_http.jwt_claims(token).get("sun")
+        return self._user or (str(sun) if sun else "") or self.environ().get("USER") \
+            or getpass.getuser()
+
     @property
     def user(self) -> str:
-        return self._user or self.environ().get("USER") or getpass.getuser()
+        """`rest.user`, else the token's own user (its `sun` claim), else $USER."""
+        return self._user or self._user_for(self._token())
 
     def _headers(self) -> dict[str, str]:
-        jwt_file = self._jwt_file or self.environ().get(JWT_FILE_ENV) or None
-        token = rest_http.read_token(jwt_file, self._jwt_env, self.environ())
-        return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token,
+        token = self._token()
+        return {"X-SLURM-USER-NAME": self._user_for(token), "X-SLURM-USER-TOKEN": token,
                 "Accept": "application/json", "Content-Type": "application/json"}
 
     def _call(self, method: str, path: str, what: str, body: Any = None,
@@ -146,14 +155,14 @@ class RestSlurmClient:
         if "\n" in comment or "\n" in job_name:
             raise ValueError("job name and comment must be one line")
         v = self.api_version()
+        notes: list[str] = []
         body = rest_job.job_description(
             script, api_version=v, environment=self.job_environment(),
-            cwd=self._cwd or os.getcwd(), job_name=job_name, comment=comment)
-        if v == rest_job.LEGACY and body["job"].get("requeue") is False \
-                and not self._warned_requeue:
-            self._warned_requeue = True
-            logger.warning("slurmrestd %s (Slurm 22.05) ignores requeue=false: jobs submitted "
-                           "through it can be requeued by Slurm", v)
+            cwd=self._cwd or os.getcwd(), job_name=job_name, comment=comment, notes=notes)
+        for note in notes:
+            if note not in self._noted:
+                self._noted.add(note)
+                logger.warning("%s", note)
         _, data = self._call("POST", "job/submit", "submitting a job", body)
         job_id = data.get("job_id")
         if not isinstance(job_id, int) or job_id <= 0:

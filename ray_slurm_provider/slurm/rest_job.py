@@ -14,8 +14,11 @@ as the CLI back end scrubs sbatch's).
 
 Known gaps, each raised as an error or stated here:
 * v0.0.38 (22.05) ignores `requeue: false` (the job shows Requeue=1 in the sandbox, also
-  after an update); rest.py logs this once. v0.0.38 has no node list or exclude list fields,
-  rejects `no_kill` and the `B:`/`R:` prefixes of --signal.
+  after an update). It refuses the `B:`/`R:` prefixes of --signal ("Invalid SIGNAL
+  specification") and without the prefix the signal would reach the job's steps, not the
+  batch step where the node agent runs, so `--signal=B:...` (the drain before the time
+  limit) is left out: the node then ends at its time limit. Both are returned as notes, which
+  rest.py logs once. v0.0.38 has no node list or exclude list fields and rejects `no_kill`.
 * The v0.0.40+ field names come from Slurm's data_parser sources (v0.0.41 JOB_DESC_MSG) and
   recorded responses; they were not run against a live 23.11+ slurmrestd.
 """
@@ -127,7 +130,7 @@ def _signal(value: str, legacy: bool) -> dict[str, Any]:
     where, sig, delay = m.groups()
     if legacy:
         if where:
-            raise _unsupported(f"--signal={value}", f"slurmrestd {LEGACY} has no {where}: prefix")
+            return {}  # job_description notes it
         return {"signal": f"{sig}@{delay}" if delay else sig}
     out: dict[str, Any] = {"kill_warning_signal": sig,
                            "kill_warning_delay": _num(int(delay or 60), False)}
@@ -184,11 +187,23 @@ def _time(value: str, legacy: bool) -> dict[str, Any]:
 
 
 def job_description(script: str, *, api_version: str, environment: Mapping[str, str],
-                    cwd: str, job_name: str = "", comment: str = "") -> dict[str, Any]:
-    """The request body of POST /slurm/<api_version>/job/submit for `script`."""
+                    cwd: str, job_name: str = "", comment: str = "",
+                    notes: list[str] | None = None) -> dict[str, Any]:
+    """The request body of POST /slurm/<api_version>/job/submit for `script`; what the API
+    version cannot carry and was left out is appended to `notes`."""
     legacy = api_version == LEGACY
     desc: dict[str, Any] = {"current_working_directory": cwd}
     for key, value in directives(script):
+        if legacy and key == "signal" and value and re.match(r"^(R|B|RB|BR):", value):
+            _signal(value, legacy)  # still refuses a malformed one
+            if notes is not None:
+                notes.append(f"slurmrestd {LEGACY} cannot send --signal={value} to the batch "
+                             "step; left out, so nodes are not drained before their time limit "
+                             "(set drain_before_limit_s: 0 to silence this)")
+            continue
+        if legacy and key == "no-requeue" and notes is not None:
+            notes.append(f"slurmrestd {LEGACY} (Slurm 22.05) ignores requeue=false: Slurm may "
+                         "requeue these jobs")
         if key in _VERBATIM:
             desc[_VERBATIM[key]] = _need(key, value)
         elif key in _INTS:

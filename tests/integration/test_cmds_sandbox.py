@@ -58,7 +58,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 def submit(slurm: CliSlurmClient, name: str, kind: str, node_type: str, body: str) -> str:
     job_id = slurm.submit(f"#!/bin/bash\n{body}", job_name=f"ray-{name}", comment=encode_tags(
-        {"ray-node-kind": kind, "ray-user-node-type": node_type}))
+        {"ray-node-type": kind, "ray-user-node-type": node_type}))
     slurm.submitted.append(job_id)  # type: ignore[attr-defined]
     return job_id
 

@@ -103,10 +103,10 @@ def test_status_rows_from_one_listing(tmp_path: Path) -> None:
     fake = FakeSlurm()
     c = cluster(tmp_path, fake)
     head = fake.submit("#!/bin/bash\n#SBATCH --time=30\n", job_name="ray-sandbox",
-                       comment=encode_tags({"ray-node-kind": "head",
+                       comment=encode_tags({"ray-node-type": "head",
                                             "ray-user-node-type": "head"}))
     worker = fake.submit("#!/bin/bash\n", job_name="ray-sandbox",
-                         comment=encode_tags({"ray-node-kind": "worker",
+                         comment=encode_tags({"ray-node-type": "worker",
                                               "ray-user-node-type": "cpu_worker"}))
     fake.submit("#!/bin/bash\n", job_name="ray-sandbox", comment="not ours")
     fake.start(head, "n2")

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from ray_slurm_provider.checks import check_static
 from ray_slurm_provider.config import ConfigError, ContainerConfig, parse_node_config
 from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, encode_tags
-from ray_slurm_provider.node import NodeSpec
+from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.runner import _env_exports
 from ray_slurm_provider.runtimes.base import RunContext
 from ray_slurm_provider.runtimes.docker import Docker

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ray_slurm_provider import program
 from ray_slurm_provider.launch_flags import allocation, ray_start_argv
-from ray_slurm_provider.node import NodeSpec
+from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.state import ClusterDir
 

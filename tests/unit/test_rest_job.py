@@ -73,7 +73,7 @@ def test_golden_scripts() -> None:
 
 
 @pytest.mark.parametrize(("script_opt", "match"), [
-    ("--signal=B:TERM@60", "no B: prefix"),
+    ("--signal=X:TERM@60", "not a signal specification"),
     ("--time=UNLIMITED", "cannot say UNLIMITED"),
     ("--export=ALL", "--export"),
     ("--mem=lots", "not a memory size"),
@@ -89,6 +89,11 @@ def test_untranslatable_options_name_themselves(script_opt: str, match: str) -> 
 
 def test_v38_signal_and_unlimited_time_v41() -> None:
     assert desc("#!/bin/bash\n#SBATCH --signal=TERM@60\ntrue\n")["signal"] == "TERM@60"
+    notes: list[str] = []
+    body = job_description("#!/bin/bash\n#SBATCH --signal=B:TERM@60 --no-requeue\ntrue\n",
+                           api_version="v0.0.38", environment=ENV, cwd="/", notes=notes)
+    assert "signal" not in body["job"] and body["job"]["requeue"] is False
+    assert "cannot send --signal=B:TERM@60" in notes[0] and "ignores requeue" in notes[1]
     job = desc("#!/bin/bash\n#SBATCH --time=UNLIMITED\ntrue\n", "v0.0.42")
     assert job["time_limit"] == {"set": True, "infinite": True, "number": 0}
 
@@ -106,3 +111,34 @@ def test_name_and_comment_arguments_win() -> None:
     job = desc("#!/bin/bash\n#SBATCH --job-name=a --comment=b\ntrue\n", job_name="n",
                comment="c")
     assert (job["name"], job["comment"]) == ("n", "c")
+
+
+@pytest.mark.parametrize("config_name", ["sandbox.yaml", "sandbox-rest.yaml", "slurm-cpu.yaml",
+                                         "slurm-gpu.yaml", "sandbox-docker.yaml"])
+@pytest.mark.parametrize("version", ["v0.0.38", "v0.0.41"])
+def test_every_script_the_provider_renders_translates(
+        config_name: str, version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The REST back end can submit every job of the shipped cluster configs."""
+    from ray_slurm_provider.cmds.common import load_cluster
+    from ray_slurm_provider.cmds.validate import rendered_scripts
+    from ray_slurm_provider.slurm.client import Node
+    from tests.fakes import FakeSlurm
+
+    nodes = [Node(f"n{i}", f"10.0.0.{i}", "IDLE", 64, 512000, "gpu:a100:4") for i in (1, 2)]
+    fake = FakeSlurm(nodes=nodes)
+    monkeypatch.setattr("ray_slurm_provider.bootstrap._cluster_info",
+                        lambda *_: fake.cluster_info())
+    src = GOLDEN.parent.parent / "cluster-configs" / config_name
+    text = src.read_text().replace("~/.ray_slurm", str(tmp_path))
+    path = tmp_path / config_name
+    path.write_text(text)
+    for _, _, script in rendered_scripts(load_cluster(str(path))):
+        notes: list[str] = []
+        job = job_description(script, api_version=version, environment=ENV, cwd="/",
+                              notes=notes)["job"]
+        assert job["name"].startswith("ray-") and job["standard_output"].endswith("%j.out")
+        assert (job["open_mode"] == "append") if version == "v0.0.38" else \
+            job["open_mode"] == ["APPEND"]
+        assert job["requeue"] is False
+        if version == "v0.0.41":
+            assert job["kill_warning_flags"] == ["BATCH_JOB"] and not notes

@@ -61,16 +61,21 @@ def test_no_supported_version() -> None:
 def test_headers_carry_user_and_token_read_per_request(tmp_path: Path) -> None:
     server = v38_server()
     tok = tmp_path / "jwt"
-    first, second = make_jwt(user="a"), make_jwt(user="b")
+    first, second = make_jwt(user="alice"), make_jwt(exp=4102444801, user="alice")
     tok.write_text(f"SLURM_JWT={first}\n")
     tok.chmod(0o600)
-    c = client(server, user="alice", jwt_file=str(tok))
+    c = client(server, user="bob", jwt_file=str(tok))  # $USER=bob, the token is alice's
     c.api_version()
-    assert server.requests[-1].headers["X-SLURM-USER-NAME"] == "alice"
+    assert server.requests[-1].headers["X-SLURM-USER-NAME"] == "alice" == c.user
     assert server.requests[-1].headers["X-SLURM-USER-TOKEN"] == first
     tok.write_text(second)
     c.node_addresses()
     assert server.requests[-1].headers["X-SLURM-USER-TOKEN"] == second
+    from ray_slurm_provider.slurm.rest import RestSlurmClient
+
+    explicit = RestSlurmClient(URL, user="carol", jwt_file=str(tok), send=server, env={})
+    explicit.node_addresses()
+    assert server.requests[-1].headers["X-SLURM-USER-NAME"] == "carol" == explicit.user
 
 
 def test_token_from_env_and_env_file_variable(tmp_path: Path) -> None:

@@ -15,9 +15,11 @@ What megatron-core assumes and what stands in for it here (see megatron.md, sect
   `Tensor.cuda()`: kept on the CPU. Module-level patches rather than a TorchFunctionMode,
   because a mode is thread-local and Ray runs actor methods in their own threads.
 * `torch.cuda.synchronize()` (dist_checkpointing's preload): a no-op.
+* Gradient clipping asserts `grad.type() == "torch.cuda.FloatTensor"`: the optimizer gets the
+  same clipping without that assertion.
 
-Still unsupported on CPU (type-string checks in megatron-core): the distributed optimizer,
-bf16 with the Megatron optimizer, and gradient clipping (`optimizer.clip_grad=0.0`).
+Still unsupported on CPU (type-string checks deeper in megatron-core): the distributed
+optimizer and bf16 with the Megatron optimizer; the smoke test uses neither.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-TRIGGER = "megatron.core.tensor_parallel.random"
+RNG_MODULE = "megatron.core.tensor_parallel.random"
+OPTIMIZER_MODULE = "megatron.core.optimizer.optimizer"
 
 FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint")
 
@@ -42,30 +45,62 @@ def _cpu(device: Any) -> Any:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `_patch` right after TRIGGER is executed, whoever imports it."""
+    """Runs the patch for a module right after the module is executed, whoever imports it."""
+
+    def __init__(self) -> None:
+        self.pending = {RNG_MODULE: _patch, OPTIMIZER_MODULE: _patch_clipping}
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != TRIGGER:
+        patch = self.pending.pop(fullname, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        sys.meta_path.remove(self)  # find the real spec without coming back here
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            if self.pending and self not in sys.meta_path:
+                sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
         run = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            _patch(module)
+            patch(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def install() -> None:
-    if TRIGGER in sys.modules:
-        _patch(sys.modules[TRIGGER])
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    """Patch now what is already imported, the rest when it is imported."""
+    if any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        return
+    finder = _AfterImport()
+    for name in list(finder.pending):
+        if name in sys.modules:
+            finder.pending.pop(name)(sys.modules[name])
+    if finder.pending:
+        sys.meta_path.insert(0, finder)
+
+
+def _patch_clipping(optimizer_module: ModuleType) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+
+    def clip_grad_by_total_norm_fp32(parameters: Any, max_norm: float, total_norm: float,
+                                     use_decoupled_grad: bool = False) -> None:
+        attr = "decoupled_grad" if use_decoupled_grad else "grad"
+        coeff = max_norm / (total_norm + 1.0e-6)
+        if coeff < 1.0:
+            for p in parameters:
+                g = getattr(p, attr, None)
+                if g is not None:
+                    g.detach().mul_(coeff)
+
+    optimizer_module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32  # type: ignore[attr-defined]
 
 
 def _patch(mrandom: ModuleType) -> None:

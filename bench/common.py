@@ -1,0 +1,433 @@
+"""Shared plumbing of the benchmarks: the sandbox's environment, a Ray cluster driven through
+the real `ray up` / `ray job submit` / `ray down`, Slurm and Ray probes, and result files.
+
+Every external command is an argv list (never a shell). Nothing here stops anything it did not
+start: clusters are named `bench-*` and live on the benchmark sandbox (default
+/tmp/rsp-bench, see BENCHMARKS.md), never on someone else's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+RAY = str(VENV_BIN / "ray")
+SANDBOX_DIR = Path(os.environ.get("RSP_BENCH_SANDBOX", "/tmp/rsp-bench"))
+WORK = Path(os.environ.get("RSP_BENCH_WORK", "/tmp/rsp-bench-work"))
+RESULTS = ROOT / "bench" / "results"
+#: What the v2 monitor logs once per autoscaler tick (it re-reads the cluster config every
+#: update and warns about the legacy fields each time). Used to count ticks.
+TICK_MARK = "Dropping the empty legacy field head_node"
+
+
+# --- environment ------------------------------------------------------------------------
+
+def sandbox_env() -> dict[str, str]:
+    """os.environ for talking to the benchmark sandbox: its env.sh, the venv first on PATH,
+    and none of the caller's SLURM_*/RAY_* variables."""
+    env_sh = SANDBOX_DIR / "env.sh"
+    if not env_sh.exists():
+        raise SystemExit(f"no sandbox at {SANDBOX_DIR}: run `ray-slurm sandbox up --state-dir "
+                         f"{SANDBOX_DIR} ...` first (see BENCHMARKS.md)")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "RAY_", "DOCKER_HOST"))}
+    for line in env_sh.read_text().splitlines():
+        m = re.match(r"^export ([A-Z_]+)='(.*)'$", line)
+        if m:
+            env[m.group(1)] = m.group(2).replace("'\\''", "'")
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def run(argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 120,
+        check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    cp = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                        timeout=timeout, env=env or sandbox_env(), input=input,
+                        stdin=None if input is not None else subprocess.DEVNULL, check=False)
+    if check and cp.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({cp.returncode}): "
+                           f"{cp.stderr.strip()[-2000:]}")
+    return cp
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+# --- Slurm probes --------------------------------------------------------------------------
+
+def squeue(name: str | None = None, job_ids: Iterable[str] = ()) -> list[dict[str, str]]:
+    """Jobs (id, state, node) by name or id, every state squeue still shows (CG included)."""
+    args = ["squeue", "--noheader", "--format=%i|%T|%N|%j"]
+    if name:
+        args.append(f"--name={name}")
+    ids = list(job_ids)
+    if ids:
+        args.append(f"--jobs={','.join(ids)}")
+    cp = run(args, timeout=30, check=False)
+    if cp.returncode != 0:
+        if "Invalid job id" in cp.stderr:
+            return []
+        raise RuntimeError(cp.stderr)
+    out = []
+    for line in cp.stdout.splitlines():
+        if line.strip():
+            i, st, node, nm = line.split("|", 3)
+            out.append({"id": i, "state": st, "node": node, "name": nm})
+    return out
+
+
+def node_ip(node: str) -> str:
+    """The sandbox's node nK is 127.0.0.(K+1) (ray_slurm_provider.sandbox.config)."""
+    from ray_slurm_provider.sandbox.config import node_addr
+
+    return node_addr(int(node.removeprefix("n")))
+
+
+def sbatch(script: str, *args: str) -> str:
+    cp = run(["sbatch", "--parsable", *args], input=script, timeout=60)
+    return cp.stdout.strip().split(";")[0]
+
+
+def scancel(ids: Iterable[str]) -> None:
+    ids = list(ids)
+    if ids:
+        run(["scancel", *ids], timeout=60, check=False)
+
+
+def sdiag_reset() -> None:
+    run(["sdiag", "--reset"], timeout=30)
+
+
+_RPC = re.compile(r"^\s*([A-Z][A-Z0-9_]+)\s+\(\s*\d+\)\s+count:(\d+)")
+
+
+def sdiag_counts() -> dict[str, int]:
+    """RPC counts by message type since the last reset (sdiag's own section)."""
+    out = run(["sdiag"], timeout=30).stdout
+    counts: dict[str, int] = {}
+    section = False
+    for line in out.splitlines():
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            section = True
+            continue
+        if section and line.startswith("Remote Procedure Call statistics by user"):
+            break
+        m = _RPC.match(line) if section else None
+        if m:
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+#: RPCs that only read controller state (what a listing costs). REQUEST_STATS_INFO is sdiag
+#: itself and is left out.
+def is_query(rpc: str) -> bool:
+    return (rpc.startswith("REQUEST_") and rpc.endswith("_INFO") and rpc != "REQUEST_STATS_INFO") \
+        or rpc in ("REQUEST_JOB_INFO_SINGLE", "REQUEST_NODE_INFO_SINGLE")
+
+
+def ctld_log() -> Path:
+    return SANDBOX_DIR / "log" / "slurmctld.log"
+
+
+_CTLD_TS = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\] (.*)$")
+
+
+def ctld_events(pattern: str, since: float = 0.0) -> list[tuple[float, str]]:
+    """(epoch, line) of slurmctld log lines matching `pattern` at or after `since`."""
+    rx = re.compile(pattern)
+    out = []
+    with ctld_log().open(errors="replace") as f:
+        for line in f:
+            m = _CTLD_TS.match(line)
+            if not m or not rx.search(m.group(2)):
+                continue
+            t = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+            if t >= since:
+                out.append((t, m.group(2)))
+    return out
+
+
+# --- Ray probes ----------------------------------------------------------------------------
+
+def gcs_ok(ip: str, port: int) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def http_ok(url: str, token: str | None) -> bool:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=2.0) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def monitor_ticks(log: Path, since: float = 0.0, until: float = float("inf")) -> list[float]:
+    """Epoch times of the autoscaler ticks logged in `monitor.log` within [since, until]."""
+    out = []
+    if not log.exists():
+        return out
+    for line in log.read_text(errors="replace").splitlines():
+        if TICK_MARK not in line:
+            continue
+        t = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if since <= t <= until:
+            out.append(t)
+    return out
+
+
+# --- memory --------------------------------------------------------------------------------
+
+def _pss_kb(pid: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Per job: PSS (kB) and process count of its processes (found by SLURM_JOB_ID in their
+    environment) plus its slurmstepd."""
+    wanted = {str(j) for j in job_ids}
+    res = {j: {"pss_kb": 0, "procs": 0} for j in wanted}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            environ = (p / "environ").read_bytes()
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        job = None
+        m = re.match(rb"slurmstepd: \[(\d+)\.", cmd)
+        if m:
+            job = m.group(1).decode()
+        else:
+            m = re.search(rb"(?:^|\0)SLURM_JOB_ID=(\d+)\0", environ)
+            job = m.group(1).decode() if m else None
+        if job in wanted:
+            res[job]["pss_kb"] += _pss_kb(p.name)
+            res[job]["procs"] += 1
+    return res
+
+
+def daemon_pss_kb(*patterns: str) -> list[int]:
+    """PSS (kB) of each process whose command line contains every pattern."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(pat in cmd for pat in patterns):
+            out.append(_pss_kb(p.name))
+    return out
+
+
+def mem_available_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def job_processes_left(job_ids: Iterable[str]) -> int:
+    return sum(v["procs"] for v in job_pss_kb(job_ids).values())
+
+
+# --- a cluster -----------------------------------------------------------------------------
+
+def bench_config(name: str, *, workers: int = 32, upscaling_speed: float = 1.0,
+                 idle_timeout_minutes: float = 1, container: bool = False) -> dict[str, Any]:
+    """cluster-configs/sandbox.yaml (or sandbox-docker.yaml) with one small worker type:
+    1 Ray CPU, 500 MB Ray memory, 75 MB object store, one sandbox node (1 Slurm CPU) each."""
+    src = "sandbox-docker.yaml" if container else "sandbox.yaml"
+    cfg: dict[str, Any] = yaml.safe_load((ROOT / "cluster-configs" / src).read_text())
+    cfg["cluster_name"] = name
+    cfg["provider"]["state_dir"] = str(WORK / name / "state")
+    cfg["max_workers"] = workers
+    cfg["upscaling_speed"] = upscaling_speed
+    cfg["idle_timeout_minutes"] = idle_timeout_minutes
+    types = cfg["available_node_types"]
+    head_cfg = types["head"]["node_config"]
+    worker_cfg: dict[str, Any] = {"partition": "cpu", "cpus": 1, "mem": "800M",
+                                  "time": "2:00:00", "object_store_memory": 78643200}
+    if container:
+        worker_cfg["container"] = head_cfg["container"]
+    cfg["available_node_types"] = {
+        "head": types["head"],
+        "cpu_worker": {"resources": {"CPU": 1, "memory": 500_000_000},
+                       "node_config": worker_cfg, "min_workers": 0, "max_workers": workers},
+    }
+    return cfg
+
+
+class Cluster:
+    """One cluster config on disk plus the commands a user would run against it."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.name = str(config["cluster_name"])
+        self.dir = WORK / self.name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"{self.name}.yaml"
+        self.path.write_text(yaml.safe_dump(config))
+        from ray_slurm_provider.state import ClusterDir
+
+        self.cdir = ClusterDir(config["provider"]["state_dir"], self.name)
+        self.log = self.dir / "commands.log"
+
+    @property
+    def job_name(self) -> str:
+        return f"ray-{self.name}"
+
+    @property
+    def token_path(self) -> Path:
+        return self.cdir.root / "auth_token"
+
+    def token(self) -> str | None:
+        try:
+            return self.token_path.read_text().strip()
+        except OSError:
+            return None
+
+    def env(self) -> dict[str, str]:
+        env = sandbox_env()
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
+        return env
+
+    def ray(self, *args: str, timeout: float = 900, check: bool = True,
+            ) -> subprocess.CompletedProcess[str]:
+        t0 = time.time()
+        cp = subprocess.run([RAY, *args], capture_output=True, text=True, timeout=timeout,
+                            env=self.env(), stdin=subprocess.DEVNULL, cwd=ROOT, check=False)
+        with self.log.open("a") as f:
+            f.write(f"$ ray {' '.join(args)}  # {time.time() - t0:.1f}s exit {cp.returncode}\n"
+                    f"{cp.stdout[-4000:]}\n{cp.stderr[-4000:]}\n")
+        if check and cp.returncode != 0:
+            raise RuntimeError(f"ray {' '.join(args)} failed ({cp.returncode}):\n"
+                               f"{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
+        return cp
+
+    def up_argv(self) -> list[str]:
+        return [RAY, "up", "-y", "--no-config-cache", str(self.path)]
+
+    def up(self) -> float:
+        t0 = time.monotonic()
+        self.ray("up", "-y", "--no-config-cache", str(self.path))
+        return time.monotonic() - t0
+
+    def down(self) -> float:
+        t0 = time.monotonic()
+        self.ray("down", "-y", str(self.path), check=False)
+        return time.monotonic() - t0
+
+    def head(self) -> dict[str, Any]:
+        from ray_slurm_provider.state import read_json
+
+        info = read_json(self.cdir.head_info)
+        if not info:
+            raise RuntimeError(f"no head info in {self.cdir.head_info}")
+        return dict(info)
+
+    @property
+    def dashboard(self) -> str:
+        h = self.head()
+        return f"http://{h['ip']}:{h['dashboard_port']}"
+
+    def monitor_log(self) -> Path:
+        return Path(f"/tmp/rsp-{self.head()['job_id']}/session_latest/logs/monitor.log")
+
+    def jobs(self) -> list[dict[str, str]]:
+        return squeue(self.job_name)
+
+    def job_submit(self, script: str, *, wait: bool = True, timeout: float = 900) -> str:
+        """`ray job submit` a Python snippet that runs on the head; return its output."""
+        args = ["job", "submit", "--address", self.dashboard]
+        if not wait:
+            args.append("--no-wait")
+        cp = self.ray(*args, "--", "python", "-c", script, timeout=timeout)
+        return cp.stdout
+
+    def cleanup(self) -> None:
+        """Last resort: cancel whatever the cluster still has (only this cluster's jobs)."""
+        scancel(j["id"] for j in self.jobs())
+
+
+# --- results -------------------------------------------------------------------------------
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    vals = [round(v, 3) for v in values]
+    return {"n": len(vals), "median": round(statistics.median(vals), 3) if vals else None,
+            "min": min(vals) if vals else None, "max": max(vals) if vals else None,
+            "values": vals}
+
+
+def machine() -> dict[str, Any]:
+    import ray
+
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    slurm = run(["sinfo", "--version"], timeout=30, check=False).stdout.strip()
+    return {"nproc": os.cpu_count(), "cpu": model, "mem_total_mb": mem_kb // 1024,
+            "mem_available_mb": mem_available_mb(), "kernel": platform.release(),
+            "loadavg": os.getloadavg(), "slurm": slurm, "ray": ray.__version__,
+            "python": platform.python_version(), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def save(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = {"benchmark": name, "machine": machine(), **data}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(data, indent=2, sort_keys=True))
+    print(f"-> {path}")
+    return path
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

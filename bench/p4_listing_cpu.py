@@ -1,0 +1,168 @@
+"""P4: provider CPU time per autoscaler tick with a 10,000-job listing, through the real parser.
+
+A synthetic `squeue` output of N jobs of one cluster (1 head, N-1 workers; 90 % RUNNING on
+1000 nodes, 10 % PENDING; real job comments with Ray's creation tags) is fed through
+`CliSlurmClient.list_jobs` with `proc.run` replaced, and through
+`SlurmNodeProvider.non_terminated_nodes` with the cluster directory a real cluster of that
+size would have (tags.json and ray.json of every running worker). CPU time is
+`time.process_time()` per call; the node-address table is fetched once (cold) and then cached,
+as in the head's autoscaler.
+
+    .venv/bin/python -m bench.p4_listing_cpu [--jobs 10000] [--repeat 30] [--profile]
+
+Needs no sandbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from bench.common import save
+from ray_slurm_provider import proc
+from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.parse import DELIM
+
+CLUSTER = "p4"
+NODES = 1000
+
+
+def squeue_output(n: int) -> str:
+    lines = []
+    for i in range(n):
+        job_id = str(100000 + i)
+        head = i == 0
+        running = head or i % 10 != 0
+        tags = {"ray-node-kind": "head" if head else "worker",
+                "ray-user-node-type": "head" if head else "cpu_worker",
+                "ray-launch-config": "3f0c6e1d2b4a59788c1e0d2f6a7b8c9d0e1f2a3b",
+                "ray-node-name": f"ray-{CLUSTER}-{'head' if head else 'worker'}",
+                "ray-node-status": "uninitialized",
+                "ray-launch-request": "6a1f3e2d", "ray-slurm-submit": f"{i:032x}"}
+        node = f"n{i % NODES + 1}" if running else ""
+        lines.append(DELIM.join([
+            job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
+            "None" if running else "Resources", node or "", node or "",
+            "2:00:00", "1:37:12" if running else "2:00:00", "2026-11-30T01:00:00",
+            "2026-11-30T01:00:05" if running else "N/A", "cpu", encode_tags(tags)]))
+    return "\n".join(lines) + "\n"
+
+
+def scontrol_nodes(n: int) -> str:
+    return "\n".join(
+        f"NodeName=n{k} Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 CPUTot=1 CPULoad=0.00 "
+        f"AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=10.0.{k // 250}."
+        f"{k % 250} NodeHostName=n{k} Version=22.05.8 OS=Linux 6.1 RealMemory=2000 "
+        f"AllocMem=800 FreeMem=1000 Sockets=1 Boards=1 State=ALLOCATED ThreadsPerCore=1 "
+        f"TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=cpu "
+        f"BootTime=2026-11-30T00:00:00 SlurmdStartTime=2026-11-30T00:00:01 "
+        f"LastBusyTime=2026-11-30T01:00:00 CfgTRES=cpu=1,mem=2000M,billing=1 "
+        f"AllocTRES=cpu=1,mem=800M CapWatts=n/a CurrentWatts=0 AveWatts=0 "
+        f"ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s"
+        for k in range(1, n + 1)) + "\n"
+
+
+class FakeRun:
+    """proc.run for squeue and scontrol; counts the calls."""
+
+    def __init__(self, squeue: str, nodes: str) -> None:
+        self.squeue, self.nodes = squeue, nodes
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, argv: Any, **_: Any) -> proc.Result:
+        name = Path(str(argv[0])).name
+        self.calls[name] = self.calls.get(name, 0) + 1
+        out = self.squeue if name == "squeue" else self.nodes
+        return proc.Result(list(argv), 0, out, "")
+
+
+def cpu_ms(fn: Any, repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        out.append((time.process_time() - t0) * 1000)
+    return out
+
+
+def stats(ms: list[float]) -> dict[str, Any]:
+    return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
+            "max_ms": round(max(ms), 2), "n": len(ms), "values_ms": [round(v, 2) for v in ms]}
+
+
+def make_state(state_dir: str, n: int) -> None:
+    """The cluster directory of a cluster of that size: ray.json and tags.json of every
+    running worker (the agent writes ray.json; Ray's set_node_tags writes tags.json)."""
+    from ray_slurm_provider.state import ClusterDir, write_json
+
+    cdir = ClusterDir(state_dir, CLUSTER)
+    cdir.create()
+    for i in range(1, n):
+        if i % 10 == 0:
+            continue
+        job_id = str(100000 + i)
+        write_json(cdir.node(job_id) / "ray.json", {"ip": "10.0.0.1", "job_id": job_id})
+        write_json(cdir.node(job_id) / "tags.json", {"ray-node-status": "up-to-date"})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--profile", action="store_true", help="print the top of a cProfile")
+    ap.add_argument("--name", default="p4", help="result file name (bench/results/NAME.json)")
+    args = ap.parse_args()
+
+    from ray_slurm_provider.provider import SlurmNodeProvider
+
+    text, nodes = squeue_output(args.jobs), scontrol_nodes(NODES)
+    fake = FakeRun(text, nodes)
+    res: dict[str, Any] = {"jobs": args.jobs, "nodes": NODES, "squeue_bytes": len(text),
+                           "repeat": args.repeat}
+    with mock.patch.object(proc, "run", fake), tempfile.TemporaryDirectory() as tmp:
+        client = CliSlurmClient(env={"PATH": "/usr/bin"})
+        t0 = time.process_time()
+        jobs = client.list_jobs(f"ray-{CLUSTER}")
+        res["list_jobs_cold_ms"] = round((time.process_time() - t0) * 1000, 2)
+        assert len(jobs) == args.jobs and jobs[1].node_addr
+        res["list_jobs"] = stats(cpu_ms(lambda: client.list_jobs(f"ray-{CLUSTER}"),
+                                        args.repeat))
+
+        make_state(tmp, args.jobs)
+        provider = SlurmNodeProvider({"state_dir": tmp}, CLUSTER)
+        provider._client = client  # the same warm client the head's autoscaler keeps
+
+        def tick() -> None:
+            # What one v2 autoscaler tick asks of the provider (NodeProviderAdapter):
+            # the listing, then node_tags and is_running of every node from the snapshot.
+            for node_id in provider.non_terminated_nodes({}):
+                provider.node_tags(node_id)
+                provider.is_running(node_id)
+
+        assert len(provider.non_terminated_nodes({})) == args.jobs
+        res["non_terminated_nodes"] = stats(
+            cpu_ms(lambda: provider.non_terminated_nodes({}), args.repeat))
+        res["tick"] = stats(cpu_ms(tick, args.repeat))
+        res["fake_calls"] = dict(fake.calls)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(5):
+                tick()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    res["target_ms"] = 50
+    res["meets_target"] = res["tick"]["median_ms"] <= 50
+    save(args.name, res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""P3, P5, P6 (and the raw burst P5 is compared with) on one cluster, phase by phase.
+
+Phases (`--phases`, comma-separated, run in order):
+
+* `up`        `ray up` of cluster `bench-scale` (head without CPUs; worker type `cpu_worker`:
+              1 Ray CPU, 500 MB, 75 MB object store, one 1-CPU sandbox node each).
+* `p3:N`      bring the cluster to N workers (`request_resources`, through a driver on the
+              head that waits until exactly N are alive in Ray), let it settle, then
+              `sdiag --reset`, wait `--window` s without any other Slurm query, `sdiag`:
+              query RPCs / autoscaler ticks counted in the head's monitor.log.
+* `p5:N`      burst: request N workers at once (from whatever runs; normally 0) and time
+              until all N are registered in Ray; sbatch calls per autoscaler tick from
+              slurmctld's `_slurm_rpc_submit_batch_job` lines bucketed by the monitor's ticks;
+              Slurm's own part (submit -> `sched: Allocate`) from the same log.
+* `raw:N`     the raw path of a burst: N plain batch jobs (one `sbatch --array`) running the
+              provider worker's `ray start` line with `--resources={"rawnode": 1}`; time from
+              the sbatch call until all N are registered. Cancelled afterwards.
+* `mem`       PSS of every job of the cluster, slurmd and slurmctld.
+* `p6`        `ray down`: time until no job of the cluster is left in squeue (any state) and
+              no process of those jobs is left (and, with --container, no container).
+
+    .venv/bin/python -m bench.scale --phases up,p3:0,p5:32,mem,p3:32,p6 [--name scale-1]
+    .venv/bin/python -m bench.scale --phases up,p3:8,raw:32,p6 --name scale-8
+
+The Ray side of the burst is opened up so the provider sees the whole burst at once
+(`upscaling_speed: 32`, `AUTOSCALER_MAX_CONCURRENT_LAUNCHES=32` in the head's environment);
+without that Ray's v2 autoscaler itself releases at most ceil(upscaling_speed * running) and
+10 launches per tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import time
+from collections import Counter
+from typing import Any
+
+from bench.common import (
+    RAY,
+    SANDBOX_DIR,
+    WORK,
+    Cluster,
+    bench_config,
+    ctld_events,
+    daemon_pss_kb,
+    is_query,
+    job_pss_kb,
+    log,
+    mem_available_mb,
+    monitor_ticks,
+    run,
+    save,
+    sbatch,
+    scancel,
+    sdiag_counts,
+    sdiag_reset,
+    squeue,
+    summary,
+    wait_for,
+)
+from bench.p2_demand import worker_start_line
+
+DRIVER = r"""
+import json, sys, time, ray
+from ray.autoscaler.sdk import request_resources
+want, kind, marker, timeout = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+ray.init()
+def alive():
+    out = {}
+    for x in ray.nodes():
+        r = x["Resources"]
+        ours = ("rawnode" in r) if kind == "raw" else (r.get("CPU", 0) >= 1
+                                                      and "rawnode" not in r)
+        if x["Alive"] and ours:
+            out[x["NodeID"]] = x["NodeManagerAddress"]
+    return out
+base = alive()
+t0 = time.time()
+if kind == "provider":
+    request_resources(bundles=[{"CPU": 1}] * want)
+open(marker, "w").write(repr(t0))
+seen, cur = {}, base
+while time.time() - t0 < timeout:
+    now = time.time()
+    cur = alive()
+    for nid, ip in cur.items():
+        if nid not in base:
+            seen.setdefault(nid, [ip, now])
+    if len(cur) == want:
+        break
+    time.sleep(0.5)
+print("SCALERESULT " + json.dumps({"t0": t0, "t_end": time.time(), "base": len(base),
+                                   "alive": len(cur), "seen": seen}))
+"""
+
+
+class Scale:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        cfg = bench_config(args.cluster, workers=args.max_workers,
+                           upscaling_speed=args.upscaling_speed,
+                           idle_timeout_minutes=args.idle_minutes, container=args.container)
+        cfg["provider"]["environment"] = {
+            "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": str(args.max_concurrent_launches)}
+        self.c = Cluster(cfg)
+        self.res: dict[str, Any] = {"config": {
+            "upscaling_speed": args.upscaling_speed, "max_workers": args.max_workers,
+            "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": args.max_concurrent_launches,
+            "container": args.container}}
+        self.raw_script: str | None = None
+
+    # --- drivers -------------------------------------------------------------------------
+    def driver(self, want: int, kind: str, timeout: float,
+               on_ready: Any = None) -> dict[str, Any]:
+        c = self.c
+        marker = WORK / c.name / f"marker-{kind}-{time.time():.0f}"
+        args = [RAY, "job", "submit", "--address", c.dashboard, "--", "python", "-c", DRIVER,
+                str(want), kind, str(marker), str(timeout)]
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env=c.env(), stdin=subprocess.DEVNULL)
+        extra: dict[str, Any] = {}
+        try:
+            wait_for(lambda: marker.exists() or p.poll() is not None, 300,
+                     "the driver to start", every=0.05)
+            if on_ready is not None:
+                extra = on_ready()
+            out, _ = p.communicate(timeout=timeout + 300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        m = re.search(r"SCALERESULT (\{.*\})", out)
+        if not m:
+            raise RuntimeError(f"driver failed:\n{out[-3000:]}")
+        r: dict[str, Any] = json.loads(m.group(1))
+        r.update(extra)
+        if r["alive"] != want:
+            raise RuntimeError(f"wanted {want} {kind} workers, {r['alive']} alive: {r}")
+        return r
+
+    def workers(self) -> list[str]:
+        head = str(self.c.head()["job_id"])
+        return [j["id"] for j in self.c.jobs() if j["id"] != head]
+
+    # --- phases --------------------------------------------------------------------------
+    def up(self) -> None:
+        log("ray up")
+        self.res["ray_up_s"] = round(self.c.up(), 1)
+
+    def p3(self, n: int) -> None:
+        log(f"P3 at {n} workers: scaling")
+        r = self.driver(n, "provider", self.args.timeout)
+        log(f"  {n} alive after {r['t_end'] - r['t0']:.1f}s; settling {self.args.settle}s")
+        wait_for(lambda: all(j["state"] == "RUNNING" for j in self.c.jobs())
+                 and len(self.workers()) == n, 300, f"{n} running worker jobs")
+        time.sleep(self.args.settle)
+        mon = self.c.monitor_log()
+        sdiag_reset()
+        t0 = time.time()
+        time.sleep(self.args.window)  # nothing of ours asks slurmctld meanwhile
+        counts = sdiag_counts()
+        t1 = time.time()
+        ticks = monitor_ticks(mon, t0, t1)
+        queries = {k: v for k, v in counts.items() if is_query(k)}
+        nq = sum(queries.values())
+        res = {"workers": n, "window_s": round(t1 - t0, 1), "ticks": len(ticks),
+               "rpcs": counts, "query_rpcs": nq,
+               "query_rpcs_per_tick": round(nq / len(ticks), 3) if ticks else None,
+               "tick_period_s": round(statistics.median(
+                   b - a for a, b in itertools.pairwise(ticks)), 2)
+               if len(ticks) > 2 else None}
+        self.res.setdefault("p3", []).append(res)
+        log(f"  P3 {res}")
+
+    def p5(self, n: int) -> None:
+        log(f"P5 burst to {n} workers (free MB: {mem_available_mb()})")
+        mon = self.c.monitor_log()
+        r = self.driver(n, "provider", self.args.timeout)
+        t0, t_end = r["t0"], r["t_end"]
+        reg = sorted(v[1] - t0 for v in r["seen"].values())
+        subs = ctld_events(r"_slurm_rpc_submit_batch_job: JobId=", t0 - 1)
+        subs = [(t, ln) for t, ln in subs if t <= t_end]
+        allocs = {re.search(r"JobId=(\d+)", ln).group(1): t  # type: ignore[union-attr]
+                  for t, ln in ctld_events(r"sched: Allocate JobId=", t0 - 1)}
+        sub_at = {re.search(r"JobId=(\d+)", ln).group(1): t  # type: ignore[union-attr]
+                  for t, ln in subs}
+        ticks = monitor_ticks(mon, t0 - 10, t_end + 1)
+        per_tick = Counter()
+        for t, _ in subs:
+            k = sum(1 for x in ticks if x <= t)  # the tick the submit belongs to
+            per_tick[k] += 1
+        sched = [allocs[j] - sub_at[j] for j in sub_at if j in allocs]
+        res = {
+            "workers": n, "base": r["base"],
+            "all_registered_s": round(reg[-1], 2) if reg else None,
+            "first_registered_s": round(reg[0], 2) if reg else None,
+            "registered_s": [round(x, 2) for x in reg],
+            "sbatch_calls": len(subs),
+            "sbatch_calls_per_tick": sorted(per_tick.values(), reverse=True),
+            "ticks_with_submits": len(per_tick),
+            "first_sbatch_s": round(subs[0][0] - t0, 2) if subs else None,
+            "last_sbatch_s": round(subs[-1][0] - t0, 2) if subs else None,
+            "last_alloc_s": round(max(allocs[j] for j in sub_at if j in allocs) - t0, 2)
+            if sched else None,
+            "slurm_submit_to_alloc_s": summary(sched) if sched else None,
+            "tick_period_s": round(statistics.median(
+                b - a for a, b in itertools.pairwise(ticks)), 2)
+            if len(ticks) > 2 else None,
+            "free_mb_after": mem_available_mb(),
+        }
+        self.res.setdefault("p5", []).append(res)
+        log(f"  P5 {res}")
+
+    def raw(self, n: int) -> None:
+        c = self.c
+        if self.raw_script is None:
+            known = [j for j in c.cdir.known_nodes() if c.cdir.log(j).exists()]
+            logs = [j for j in sorted(c.cdir.logs.glob("*.out"))
+                    if "starting: " in j.read_text() and "--address=" in j.read_text()]
+            if not logs:
+                raise RuntimeError(f"raw:{n} needs a provider worker's log first ({known})")
+            argv = worker_start_line(c, logs[-1].stem)
+            out = [shlex.quote(RAY)]
+            for a in argv[1:]:
+                if a.startswith("--node-ip-address="):
+                    out.append('--node-ip-address="$IP"')
+                elif a.startswith("--temp-dir="):
+                    out.append('--temp-dir="/tmp/rsp-raw-$SLURM_JOB_ID"')
+                elif a != "--block":
+                    out.append(shlex.quote(a))
+            out += [shlex.quote('--resources={"rawnode": 1}'), "--block"]
+            self.raw_script = "\n".join([
+                "#!/bin/bash", "export RAY_AUTH_MODE=token",
+                f"export RAY_AUTH_TOKEN_PATH={shlex.quote(str(c.token_path))}",
+                "export RAY_USAGE_STATS_ENABLED=0 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=5",
+                'K="${SLURMD_NODENAME#n}"; IP="127.0.0.$((K + 1))"',
+                "exec " + " ".join(out), ""])
+        jobs: list[str] = []
+
+        def submit() -> dict[str, Any]:
+            t = time.time()
+            jobs.append(sbatch(self.raw_script or "", f"--array=1-{n}", "--partition=cpu",
+                               "--cpus-per-task=1", "--mem=800M", "--time=2:00:00",
+                               "--job-name=bench-raw-burst",
+                               f"--output={WORK / c.name / 'raw-%A_%a.out'}"))
+            return {"t_sbatch": t}
+
+        log(f"raw burst of {n}")
+        try:
+            r = self.driver(n, "raw", self.args.timeout, on_ready=submit)
+        finally:
+            scancel(jobs)
+        reg = sorted(v[1] - r["t_sbatch"] for v in r["seen"].values())
+        res = {"workers": n, "all_registered_s": round(reg[-1], 2) if reg else None,
+               "first_registered_s": round(reg[0], 2) if reg else None,
+               "registered_s": [round(x, 2) for x in reg], "sbatch_calls": 1}
+        wait_for(lambda: not squeue("bench-raw-burst"), 300, "the raw burst to end")
+        self.res.setdefault("raw", []).append(res)
+        log(f"  raw {res}")
+
+    def mem(self) -> None:
+        head = str(self.c.head()["job_id"])
+        pss = job_pss_kb([j["id"] for j in self.c.jobs()])
+        workers = [v["pss_kb"] / 1024 for j, v in pss.items() if j != head]
+        slurmd = [v / 1024 for v in daemon_pss_kb("slurmd -D -N n",
+                                                   f"{SANDBOX_DIR}/etc/slurm.conf")]
+        res = {"head_pss_mb": round(pss.get(head, {}).get("pss_kb", 0) / 1024, 1),
+               "worker_pss_mb": summary(workers) if workers else None,
+               "worker_procs": summary([v["procs"] for j, v in pss.items() if j != head]),
+               "slurmd_pss_mb": summary(slurmd) if slurmd else None,
+               "slurmctld_pss_mb": round(sum(daemon_pss_kb(
+                   "slurmctld -D", f"{SANDBOX_DIR}/etc/slurm.conf")) / 1024, 1),
+               "mem_available_mb": mem_available_mb()}
+        self.res.setdefault("mem", []).append(res)
+        log(f"  mem {json.dumps(res)[:400]}")
+
+    def p6(self) -> None:
+        c = self.c
+        ids = [j["id"] for j in c.jobs()]
+        log(f"P6 ray down with {len(ids)} jobs")
+        t0 = time.time()
+        p = subprocess.Popen([RAY, "down", "-y", str(c.path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=c.env(),
+                             stdin=subprocess.DEVNULL)
+        times: dict[str, float] = {}
+        from bench.common import job_processes_left
+
+        while time.time() - t0 < 600:
+            now = time.time()
+            if p.poll() is not None:
+                times.setdefault("ray_down_exit_s", round(now - t0, 2))
+            if "no_job_s" not in times and not squeue(c.job_name):
+                times["no_job_s"] = round(time.time() - t0, 2)
+            if "no_process_s" not in times and job_processes_left(ids) == 0:
+                times["no_process_s"] = round(time.time() - t0, 2)
+            if self.args.container and "no_container_s" not in times \
+                    and not _containers(c.name):
+                times["no_container_s"] = round(time.time() - t0, 2)
+            done = ["ray_down_exit_s", "no_job_s", "no_process_s"]
+            if self.args.container:
+                done.append("no_container_s")
+            if all(k in times for k in done):
+                break
+            time.sleep(max(0.0, 0.5 - (time.time() - now)))
+        out = p.stdout.read() if p.stdout else ""
+        with c.log.open("a") as f:
+            f.write(f"$ ray down (P6)\n{out[-4000:]}\n")
+        keys = ["no_job_s", "no_process_s"] + (["no_container_s"] if self.args.container else [])
+        res = {"jobs": len(ids), **times,
+               "all_gone_s": max(times.get(k, float("inf")) for k in keys)}
+        self.res.setdefault("p6", []).append(res)
+        log(f"  P6 {res}")
+
+
+def _containers(cluster: str) -> list[str]:
+    cp = run(["docker", "ps", "-aq", "--filter", f"label=ray.cluster={cluster}"], timeout=30,
+             check=False)
+    return cp.stdout.split()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--phases", default="up,p3:0,p5:32,mem,p3:32,p6")
+    ap.add_argument("--cluster", default="bench-scale")
+    ap.add_argument("--name", default="scale")
+    ap.add_argument("--max-workers", type=int, default=32)
+    ap.add_argument("--upscaling-speed", type=float, default=32.0)
+    ap.add_argument("--max-concurrent-launches", type=int, default=32)
+    ap.add_argument("--idle-minutes", type=float, default=1.0)
+    ap.add_argument("--window", type=float, default=60.0, help="P3 sdiag window, seconds")
+    ap.add_argument("--settle", type=float, default=15.0)
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--container", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="do not `ray down` at the end")
+    args = ap.parse_args()
+    s = Scale(args)
+    try:
+        for phase in args.phases.split(","):
+            name, _, arg = phase.partition(":")
+            getattr(s, name)(*([int(arg)] if arg else []))
+    finally:
+        if not args.keep:
+            s.c.down()
+            s.c.cleanup()
+        save(args.name, s.res)
+
+
+if __name__ == "__main__":
+    main()
