@@ -18,6 +18,7 @@ runs every job of the path ends and its processes are gone.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
@@ -50,7 +51,7 @@ class Probe:
 
     def __init__(self, t0: float, gcs_port: int, dash_port: int, token: str | None) -> None:
         self.t0, self.gcs_port, self.dash_port, self.token = t0, gcs_port, dash_port, token
-        self.times: dict[str, float] = {}
+        self.times: dict[str, float] = {"load1": round(os.getloadavg()[0], 1)}
         self.ip: str | None = None
 
     def mark(self, what: str) -> None:

@@ -4,7 +4,7 @@ A synthetic `squeue` output of N jobs of one cluster (1 head, N-1 workers; 90 % 
 1000 nodes, 10 % PENDING; real job comments with Ray's creation tags) is fed through
 `CliSlurmClient.list_jobs` with `proc.run` replaced, and through
 `SlurmNodeProvider.non_terminated_nodes` with the cluster directory a real cluster of that
-size would have (tags.json and ray.json of every running worker). CPU time is
+size would have (agent.json and ray.json of every running worker, tags.json of the head). CPU time is
 `time.process_time()` per call; the node-address table is fetched once (cold) and then cached,
 as in the head's autoscaler.
 
@@ -25,9 +25,19 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from ray.autoscaler.tags import (
+    TAG_RAY_LAUNCH_CONFIG,
+    TAG_RAY_LAUNCH_REQUEST,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_NAME,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
 from bench.common import save
 from ray_slurm_provider import proc
 from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.launch_guard import SUBMIT_TAG
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.parse import DELIM
 
@@ -41,12 +51,12 @@ def squeue_output(n: int) -> str:
         job_id = str(100000 + i)
         head = i == 0
         running = head or i % 10 != 0
-        tags = {"ray-node-kind": "head" if head else "worker",
-                "ray-user-node-type": "head" if head else "cpu_worker",
-                "ray-launch-config": "3f0c6e1d2b4a59788c1e0d2f6a7b8c9d0e1f2a3b",
-                "ray-node-name": f"ray-{CLUSTER}-{'head' if head else 'worker'}",
-                "ray-node-status": "uninitialized",
-                "ray-launch-request": "6a1f3e2d", "ray-slurm-submit": f"{i:032x}"}
+        tags = {TAG_RAY_NODE_KIND: "head" if head else "worker",
+                TAG_RAY_USER_NODE_TYPE: "head" if head else "cpu_worker",
+                TAG_RAY_LAUNCH_CONFIG: "3f0c6e1d2b4a59788c1e0d2f6a7b8c9d0e1f2a3b",
+                TAG_RAY_NODE_NAME: f"ray-{CLUSTER}-{'head' if head else 'worker'}",
+                TAG_RAY_NODE_STATUS: "uninitialized",
+                TAG_RAY_LAUNCH_REQUEST: "6a1f3e2d", SUBMIT_TAG: f"{i:032x}"}
         node = f"n{i % NODES + 1}" if running else ""
         lines.append(DELIM.join([
             job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
@@ -99,18 +109,20 @@ def stats(ms: list[float]) -> dict[str, Any]:
 
 
 def make_state(state_dir: str, n: int) -> None:
-    """The cluster directory of a cluster of that size: ray.json and tags.json of every
-    running worker (the agent writes ray.json; Ray's set_node_tags writes tags.json)."""
+    """The cluster directory a real cluster of that size has (as seen on the sandbox under
+    autoscaler v2): agent.json and ray.json of every running worker, tags.json only for the
+    head (Ray sets worker tags only through node updaters, which this provider disables)."""
     from ray_slurm_provider.state import ClusterDir, write_json
 
     cdir = ClusterDir(state_dir, CLUSTER)
     cdir.create()
+    write_json(cdir.node("100000") / "tags.json", {"ray-node-status": "up-to-date"})
     for i in range(1, n):
         if i % 10 == 0:
             continue
         job_id = str(100000 + i)
+        write_json(cdir.node(job_id) / "agent.json", {"host": "n1", "pid": 1, "kind": "worker"})
         write_json(cdir.node(job_id) / "ray.json", {"ip": "10.0.0.1", "job_id": job_id})
-        write_json(cdir.node(job_id) / "tags.json", {"ray-node-status": "up-to-date"})
 
 
 def main() -> None:

@@ -209,6 +209,11 @@ class ContainerConfig:
         True,
     )
     privileged: bool = doc("Privileged container (opt-in; the seed's script ran one).", False)
+    run_as_user: bool = doc(
+        "docker/podman: run as the job's user and group (`--user uid:gid`) instead of the "
+        "image's default (often root), so files and Slurm submissions stay the user's.",
+        True,
+    )
     devices: list[str] = doc(
         "Host devices to pass in (opt-in), e.g. `/dev/infiniband/uverbs0` or `/dev/gdrdrv`.",
         default_factory=list,

@@ -82,7 +82,7 @@ class ClusterDir:
 
     def tags(self, job_id: str) -> dict[str, str]:
         try:
-            with open(os.path.join(self._nodes_dir, job_id, "tags.json")) as f:
+            with open(f"{self._nodes_dir}/{job_id}/tags.json") as f:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
@@ -93,7 +93,7 @@ class ClusterDir:
         write_json(self.node(job_id) / "tags.json", merged)
 
     def ray_up(self, job_id: str) -> bool:
-        return os.path.exists(os.path.join(self._nodes_dir, job_id, "ray.json"))
+        return os.path.exists(f"{self._nodes_dir}/{job_id}/ray.json")
 
     def forget(self, job_ids: list[str]) -> None:
         """Drop the state of nodes that are gone for good."""

@@ -194,6 +194,7 @@ def _load(ctx: RankContext, ddp: Any, opt: Any) -> int:
 
 def train(ctx: RankContext, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """The gang entry point: `fn(ctx, payload)` with payload {"overrides": [...]}."""
+    t_import = time.monotonic()
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -205,6 +206,7 @@ def train(ctx: RankContext, payload: dict[str, Any] | None = None) -> dict[str, 
         raise FatalRankError(f"world size {ctx.world_size} is not a multiple of TP "
                              f"{m.tensor_model_parallel_size}")
     t0 = time.monotonic()
+    import_s = t0 - t_import
     device = _init_distributed(ctx, cfg)
     _, ddp, opt = _build(cfg, device)
     dp_rank = parallel_state.get_data_parallel_rank()
@@ -256,6 +258,7 @@ def train(ctx: RankContext, payload: dict[str, Any] | None = None) -> dict[str, 
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
     return {"config": asdict(cfg), "resumed_from": resumed_from, "setup_s": setup_s,
+            "import_s": import_s,
             "mean_step_s": sum(step_times) / max(1, len(step_times)), "device": device,
             "torch": str(torch.__version__), "dp_rank": dp_rank}
 

@@ -97,13 +97,18 @@ class RankWorker:
               f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')} master="
               f"{rank_info.master_addr}:{rank_info.master_port} attempt={rank_info.attempt} "
               f"scrubbed={len(scrubbed)}", flush=True)
-        result = load_function(fn)(self.ctx, payload)
+        t0 = time.monotonic()
+        func = load_function(fn)
+        import_s = time.monotonic() - t0
+        result = func(self.ctx, payload)
         if pusher is not None:
             on_checkpoint(rank_info.checkpoint_dir or "")
         seen = {k: os.environ.get(k) for k in
                 ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
         return {"result": plain(result), "env": seen, "reports": self.ctx.poll().reports,
+                "import_s": round(import_s, 2), "run_s": round(time.monotonic() - t0, 2),
+                "actor_s": round(time.monotonic() - self.started, 2),
                 "slurm_left": sorted(k for k in os.environ if k.startswith("SLURM_"))}
 
     def poll(self) -> dict[str, Any]:

@@ -198,22 +198,24 @@ class Attempt:
         if self.rec.failure is not None:
             self.log(f"[launch] attempt {self.rec.attempt} failed: {self.rec.failure}; "
                      "tearing the whole gang down")
-            self._poll(polls, set(polls), wd, final=True)
+            # Collect what the survivors reported before they were stopped: the answers in
+            # flight, then one fresh poll each.
+            self._poll(polls, set(), wd, wait_s=5.0)
+            self._poll(polls, set(refs.values()), wd, wait_s=5.0)
         else:
             self.rec.ok = True
 
     def _poll(self, polls: dict[int, Any], running: set[int], wd: Watchdog,
-              final: bool = False) -> None:
-        """Issue a poll to every running rank without one in flight; read those answered."""
+              wait_s: float = 0.0) -> None:
+        """Issue a poll to every running rank without one in flight; read those answered
+        (waiting up to `wait_s` for all of them)."""
         import ray
 
-        if not final:
-            for rank in running - set(polls):
-                polls[rank] = self.actors[rank].poll.remote()
+        for rank in running - set(polls):
+            polls[rank] = self.actors[rank].poll.remote()
         if not polls:
             return
-        ready, _ = ray.wait(list(polls.values()), num_returns=len(polls),
-                            timeout=5.0 if final else 0)
+        ready, _ = ray.wait(list(polls.values()), num_returns=len(polls), timeout=wait_s)
         by_ref = {ref: rank for rank, ref in polls.items()}
         for ref in ready:
             rank = by_ref[ref]

@@ -10,6 +10,7 @@ gone. Only the GPUs Slurm allocated are passed (`--gpus device=<SLURM_JOB_GPUS>`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from ray_slurm_provider.runtimes.base import RunContext, Runtime
@@ -47,7 +48,9 @@ class Docker(Runtime):
     def gpu_options(self, ctx: RunContext) -> list[str]:
         if not (ctx.cfg.gpus and ctx.gpu_ids):
             return []
-        return ["--gpus", f"device={','.join(ctx.gpu_ids)}"]
+        # The value is CSV to docker's CLI: without its own quotes "device=0,1" would read
+        # as device 0 plus a count, which the daemon refuses.
+        return ["--gpus", f'"device={",".join(ctx.gpu_ids)}"']
 
     def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
         cfg = ctx.cfg
@@ -55,6 +58,10 @@ class Docker(Runtime):
                "--label", f"{JOB_LABEL}={ctx.job_id}",
                "--label", f"{CLUSTER_LABEL}={ctx.cluster_name}",
                "--net=host", "--stop-timeout", str(ctx.drain_timeout_s + 2)]
+        if cfg.run_as_user:
+            # The job's own user, not root: Ray's files stay the user's, and the head's
+            # sbatch reaches munge as the user.
+            out += ["--user", f"{os.getuid()}:{os.getgid()}"]
         if cfg.ipc_host:
             out.append("--ipc=host")
         if cfg.shm_size:

@@ -62,6 +62,7 @@ def test_scale_up_through_slurmrestd(cluster: RayCluster,
     assert cli.main(["status", str(cluster.path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["nodes"]
     assert {r["kind"] for r in rows} >= {"head", "worker"}
+    assert [r["ray_up"] for r in rows if r["kind"] == "head"] == [True]
 
 
 def test_down_through_rest_leaves_nothing(cluster: RayCluster) -> None:

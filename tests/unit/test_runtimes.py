@@ -23,6 +23,7 @@ def ctx(runtime: str, **cfg: object) -> RunContext:
         "mounts": ["/scratch:/scratch"], "environment": {"NCCL_DEBUG": "WARN"},
         "ulimits": {"memlock": "-1:-1"}, "devices": ["/dev/infiniband/uverbs0"],
         "shm_size": "16g", "run_options": ["--cap-add=IPC_LOCK"],
+        "run_as_user": False,  # golden files must not depend on who runs the tests
     }
     defaults.update(cfg)
     return RunContext("c1", "4242", ContainerConfig(runtime=runtime, **defaults),  # type: ignore[arg-type]
@@ -55,11 +56,13 @@ def test_golden(runtime: str) -> None:
 
 
 def test_docker_binds_job_life_and_only_allocated_gpus() -> None:
-    argv = get_runtime("docker").run(ctx("docker"), RAY, {"RAY_AUTH_MODE": "token"})
+    argv = get_runtime("docker").run(ctx("docker", run_as_user=True), RAY,
+                                     {"RAY_AUTH_MODE": "token"})
     assert argv[:5] == ["docker", "run", "--rm", "--init", "--name"]
     assert "rsp-c1-4242" in argv and "slurm.job_id=4242" in argv
     assert "-d" not in argv and "--detach" not in argv  # foreground: the job owns it
-    assert argv[argv.index("--gpus") + 1] == "device=2,3"
+    assert argv[argv.index("--gpus") + 1] == '"device=2,3"'
+    assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
     assert "--privileged" not in argv  # opt-in only
     assert "token" not in " ".join(argv)  # env values never on the command line
     assert ["-e", "RAY_AUTH_MODE"] == argv[argv.index("RAY_AUTH_MODE") - 1:][:2]
