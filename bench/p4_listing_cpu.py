@@ -4,9 +4,9 @@ A synthetic `squeue` output of N jobs of one cluster (1 head, N-1 workers; 90 % 
 1000 nodes, 10 % PENDING; real job comments with Ray's creation tags) is fed through
 `CliSlurmClient.list_jobs` with `proc.run` replaced, and through
 `SlurmNodeProvider.non_terminated_nodes` with the cluster directory a real cluster of that
-size would have (agent.json and ray.json of every running worker, tags.json of the head). CPU time is
-`time.process_time()` per call; the node-address table is fetched once (cold) and then cached,
-as in the head's autoscaler.
+size would have (agent.json and ray.json of every running worker, tags.json of the head).
+CPU time is `time.process_time()` per call; the node-address table is fetched once (cold)
+and then cached, as in the head's autoscaler.
 
     .venv/bin/python -m bench.p4_listing_cpu [--jobs 10000] [--repeat 30] [--profile]
 

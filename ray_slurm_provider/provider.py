@@ -164,7 +164,9 @@ class SlurmNodeProvider(NodeProvider):
     def _tags(self, job: Job, created: dict[str, str]) -> dict[str, str]:
         tags = {**created, **self.cluster_dir.tags(job.job_id)}
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.pcfg.disable_node_updaters:
-            if self.cluster_dir.ray_up(job.job_id):
+            # Once up, a worker's Ray stays up until its job ends (node.py): no need to look
+            # at the shared filesystem again on every tick.
+            if job.job_id in self._ray_seen or self.cluster_dir.ray_up(job.job_id):
                 tags[TAG_RAY_NODE_STATUS] = STATUS_UP_TO_DATE
                 self._ray_seen.add(job.job_id)
             elif job.running:

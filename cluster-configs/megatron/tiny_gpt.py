@@ -257,14 +257,22 @@ def train(ctx: RankContext, payload: dict[str, Any] | None = None) -> dict[str, 
     dist.barrier()
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
+    gpu: dict[str, Any] = {}
+    if device == "cuda":
+        gpu = {"cuda_device": torch.cuda.current_device(),
+               "cuda_name": torch.cuda.get_device_name(),
+               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    n_params = sum(p.numel() for p in ddp.module.parameters())
     return {"config": asdict(cfg), "resumed_from": resumed_from, "setup_s": setup_s,
-            "import_s": import_s,
+            "import_s": import_s, "params_per_rank": n_params, **gpu,
             "mean_step_s": sum(step_times) / max(1, len(step_times)), "device": device,
             "torch": str(torch.__version__), "dp_rank": dp_rank}
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str]) -> None:
+    """One process without the launcher (one GPU, or under torchrun): JSON lines out."""
+    import json
 
     from ray_slurm_provider.launch.rendezvous import probe_free_port
 
@@ -273,9 +281,19 @@ if __name__ == "__main__":
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("RANK", "0")
     if "RSP_DEVICE" not in os.environ:
-        import torch as _torch
+        import torch
 
-        os.environ["RSP_DEVICE"] = "gpu" if _torch.cuda.is_available() else "cpu"
+        os.environ["RSP_DEVICE"] = "gpu" if torch.cuda.is_available() else "cpu"
         if os.environ["RSP_DEVICE"] == "gpu":
             os.environ.setdefault("RSP_DEVICE_INDEX", os.environ.get("LOCAL_RANK", "0"))
-    print(train(RankContext.from_env(), {"overrides": sys.argv[1:]}))
+    ctx = RankContext.from_env()
+    result = train(ctx, {"overrides": argv})
+    for row in ctx.reports():
+        print("REPORT " + json.dumps(row), flush=True)
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -114,10 +114,13 @@ class S3Stage:
         remote = self.remote()
         sent = []
         for rel in tracker_last(list(_files(root))):
-            if rel in remote and same(root / rel, *remote[rel]):
-                continue
-            self.client.upload_file(str(root / rel), self.bucket, self.prefix + rel,
-                                    Config=config)
+            try:
+                if rel in remote and same(root / rel, *remote[rel]):
+                    continue
+                self.client.upload_file(str(root / rel), self.bucket, self.prefix + rel,
+                                        Config=config)
+            except FileNotFoundError:
+                continue  # a temporary file that went away while we walked: not ours to keep
             sent.append(rel)
         return sent
 

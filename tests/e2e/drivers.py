@@ -54,7 +54,7 @@ print("LOST_RESULT", json.dumps({{"tasks": i, "calls": calls, "restarts": restar
       flush=True)
 """
 
-# Sequential 5-second steps on the short-lived node type, for `seconds`.
+# Sequential 5-second steps on the short-lived node type, for `seconds` after the first.
 WALLTIME = """
 import json, os, time, ray
 ray.init()
@@ -64,7 +64,8 @@ def step(i):
     time.sleep(5)
     return i, os.environ.get("SLURM_JOB_ID")
 
-out, t0 = [], time.time()
+out = [ray.get(step.remote(0))]  # the node may queue for a while on a busy cluster
+t0 = time.time()
 while time.time() - t0 < {seconds}:
     out.append(ray.get(step.remote(len(out))))
 print("WALL_RESULT", json.dumps({{"ids": [i for i, _ in out],

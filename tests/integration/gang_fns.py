@@ -20,7 +20,8 @@ ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
 
 def _barrier(ctx: RankContext, step: int) -> None:
     """Stands for a collective: wait (up to 60 s) until every rank has reached `step`."""
-    root = ctx.checkpoint_dir or ""
+    root = (ctx.checkpoint_dir or "") + ".barrier"
+    os.makedirs(root, exist_ok=True)
     mine = os.path.join(root, f"bar.{ctx.attempt}.{ctx.rank}")
     with open(mine + ".tmp", "w") as f:
         f.write(str(step))
@@ -59,6 +60,8 @@ def steps(ctx: RankContext, payload: dict[str, Any]) -> dict[str, Any]:
             with open(tmp, "w") as f:
                 json.dump({"next": step + 1}, f)
             os.replace(tmp, ckpt)
+            if payload.get("saved"):
+                ctx.checkpoint_saved(ckpt)
     return {"env": {k: os.environ.get(k) for k in ENV_KEYS}, "start": start,
             "slurm": sorted(k for k in os.environ if k.startswith("SLURM_")),
             "info": ctx.info.as_dict()}

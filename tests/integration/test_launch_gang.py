@@ -19,12 +19,20 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from ray_slurm_provider.launch import FaultSpec, GangFailed, GangSpec, run_gang  # noqa: E402
+from tests.integration.moto_s3 import moto_s3  # noqa: E402
 
 FNS = Path(__file__).with_name("gang_fns.py")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto on 127.0.0.1; started before the cluster so its raylets inherit the fake creds."""
+    with moto_s3(tmp_path_factory.mktemp("moto")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def cluster(s3: str) -> Iterator[Cluster]:
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_ADDRESS")}
     os.environ["SLURM_JOB_ID"] = "4242"  # inherited by the raylets, as under sbatch
     os.environ["SLURM_LOCALID"] = "7"
@@ -132,3 +140,17 @@ def test_placement_timeout_reports_what_is_missing(cluster: Cluster) -> None:
     assert "need 3 node(s) x {CPU: 2, GPU: 2}" in msg
     assert "alive nodes big enough for one bundle: 2 of 3 needed" in msg
     assert "CREATED" not in pg_states() and "PENDING" not in pg_states()
+
+
+def test_checkpoints_staged_through_s3(cluster: Cluster, s3: str, tmp_path: Path) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3).create_bucket(Bucket="gang")
+    uri = "s3://gang/run"
+    run_gang(spec(checkpoint_dir=str(tmp_path / "a"), s3_uri=uri, s3_endpoint=s3),
+             "gang_fns:steps", {"steps": 3, "saved": True})
+    # A fresh local directory (another cluster, node-local disks): it all comes back from S3.
+    res = run_gang(spec(checkpoint_dir=str(tmp_path / "b"), s3_uri=uri, s3_endpoint=s3),
+                   "gang_fns:steps", {"steps": 5, "saved": True})
+    assert {o["start"] for o in results(res).values()} == {3}
+    assert (tmp_path / "b" / "state.json").read_text() == '{"next": 5}'

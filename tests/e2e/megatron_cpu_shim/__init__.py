@@ -119,12 +119,16 @@ def _patch(mrandom: ModuleType) -> None:
 
     for name in FACTORIES:
         setattr(torch, name, wrap(getattr(torch, name)))
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore[assignment]
-    torch.cuda.set_rng_state = lambda s, *a, **k: torch.set_rng_state(s)  # type: ignore[assignment]
-    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # type: ignore[assignment,return-value]
-    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    mrandom._set_cuda_rng_state = lambda s, *a, **k: torch.set_rng_state(s)
-    torch._rsp_cpu_shim = True  # type: ignore[attr-defined]
+    patches: list[tuple[Any, str, Any]] = [
+        (torch.Tensor, "cuda", lambda self, *a, **k: self),
+        (torch.cuda, "current_device", lambda: "cpu"),
+        (torch.cuda, "synchronize", lambda *a, **k: None),
+        (torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state()),
+        (torch.cuda, "set_rng_state", lambda s, *a, **k: torch.set_rng_state(s)),
+        (torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed)),
+        (mrandom, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state()),
+        (mrandom, "_set_cuda_rng_state", lambda s, *a, **k: torch.set_rng_state(s)),
+        (torch, "_rsp_cpu_shim", True),
+    ]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
