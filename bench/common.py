@@ -275,13 +275,16 @@ def job_processes_left(job_ids: Iterable[str]) -> int:
 # --- a cluster -----------------------------------------------------------------------------
 
 def bench_config(name: str, *, workers: int = 32, upscaling_speed: float = 1.0,
-                 idle_timeout_minutes: float = 1, container: bool = False) -> dict[str, Any]:
+                 idle_timeout_minutes: float = 1, container: bool = False,
+                 rest: bool = False) -> dict[str, Any]:
     """cluster-configs/sandbox.yaml (or sandbox-docker.yaml) with one small worker type:
     1 Ray CPU, 500 MB Ray memory, 75 MB object store, one sandbox node (1 Slurm CPU) each."""
     src = "sandbox-docker.yaml" if container else "sandbox.yaml"
     cfg: dict[str, Any] = yaml.safe_load((ROOT / "cluster-configs" / src).read_text())
     cfg["cluster_name"] = name
     cfg["provider"]["state_dir"] = str(WORK / name / "state")
+    if rest:  # slurmrestd of the sandbox (RAY_SLURM_REST_URL / RAY_SLURM_JWT_FILE)
+        cfg["provider"]["slurm_api"] = "rest"
     cfg["max_workers"] = workers
     cfg["upscaling_speed"] = upscaling_speed
     cfg["idle_timeout_minutes"] = idle_timeout_minutes

@@ -105,14 +105,15 @@ class Scale:
         self.args = args
         cfg = bench_config(args.cluster, workers=args.max_workers,
                            upscaling_speed=args.upscaling_speed,
-                           idle_timeout_minutes=args.idle_minutes, container=args.container)
+                           idle_timeout_minutes=args.idle_minutes, container=args.container,
+                           rest=args.rest)
         cfg["provider"]["environment"] = {
             "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": str(args.max_concurrent_launches)}
         self.c = Cluster(cfg)
         self.res: dict[str, Any] = {"config": {
             "upscaling_speed": args.upscaling_speed, "max_workers": args.max_workers,
             "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": args.max_concurrent_launches,
-            "container": args.container}}
+            "container": args.container, "slurm_api": "rest" if args.rest else "cli"}}
         self.raw_script: str | None = None
 
     # --- drivers -------------------------------------------------------------------------
@@ -336,6 +337,7 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=15.0)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--container", action="store_true")
+    ap.add_argument("--rest", action="store_true", help="provider.slurm_api: rest")
     ap.add_argument("--keep", action="store_true", help="do not `ray down` at the end")
     args = ap.parse_args()
     s = Scale(args)

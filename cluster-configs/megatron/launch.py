@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import Any
 
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
+    # `ray job stop` sends SIGTERM: exit through the launcher's `finally` (actors killed,
+    # placement group removed) instead of dying on the spot.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ray.init()
     fn = RECIPES[args.recipe]["fn"]
     try:

@@ -17,7 +17,7 @@ from typing import Any
 from ray_slurm_provider.launch.context import FatalRankError, Progress, RankInfo
 from ray_slurm_provider.launch.devices import DevicePolicyError, bind_all
 from ray_slurm_provider.launch.rankenv import EnvInputs, build_rank_env
-from ray_slurm_provider.launch.rendezvous import fresh_port, master_of
+from ray_slurm_provider.launch.rendezvous import RendezvousError, fresh_port, master_of
 from ray_slurm_provider.launch.spec import GangSpec
 from ray_slurm_provider.launch.topology import (
     Assignment,
@@ -76,7 +76,7 @@ class Attempt:
             self._run()
         except (TopologyError, DevicePolicyError, FatalRankError) as e:
             self._fail(None, _error_text(e), fatal=True)
-        except (ray.exceptions.RayError, TimeoutError) as e:
+        except (ray.exceptions.RayError, TimeoutError, RendezvousError) as e:
             self._fail(None, _error_text(e))
         finally:
             for actor in self.actors.values():

@@ -11,9 +11,9 @@ import json
 import re
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
-import time
 from collections.abc import Iterator
 from pathlib import Path
 

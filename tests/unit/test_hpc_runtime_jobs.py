@@ -56,7 +56,8 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
         "environment": {"NCCL_DEBUG": "INFO"}}}, "node_config")
     spec = build_job(pcfg=pcfg, cluster_name="c1", node_type="gpu_worker", kind="worker",
                      ncfg=ncfg, resources={"CPU": 2, "GPU": 1}, labels={},
-                     commands=NodeCommands(start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]),
+                     commands=NodeCommands(
+                         start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]),
                      python=sys.executable)
     script = tmp_path / "job.sh"
     script.write_text(render(spec))

@@ -205,6 +205,7 @@ def docker_image_position(argv: list[str]) -> str:
     """The word `docker run` takes as the image: the first that is not an option or the value
     of one (docker's own flag parsing)."""
     takes_value = {"--name", "--label", "--stop-timeout", "--shm-size", "--ulimit", "--device",
+                   "--user",
                    "--gpus", "-v", "-e"}
     i = argv.index("run") + 1
     while argv[i].startswith("-"):

@@ -1,0 +1,76 @@
+"""The per-tick listing fast paths (bench P4) keep the slow paths' results; the benchmark's
+own parsers read real tool output. No timings are asserted here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from unittest import mock
+
+from bench.common import TICK_MARK, is_query, monitor_ticks
+from bench.p4_listing_cpu import FakeRun, scontrol_nodes, squeue_output
+from ray_slurm_provider import proc
+from ray_slurm_provider.jobs import decode_tags, encode_tags
+from ray_slurm_provider.slurm import parse
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.state import ClusterDir, write_json
+
+
+def test_parse_squeue_fills_addresses_from_the_table() -> None:
+    out = squeue_output(30)
+    plain = parse.parse_squeue(out)
+    addrs = {f"n{k}": f"10.0.0.{k}" for k in range(1, 1001)}
+    filled = parse.parse_squeue(out, addrs)
+    assert [j.node_addr for j in plain] == [""] * 30
+    for a, b in zip(plain, filled, strict=True):
+        assert b.node_addr == (addrs[a.batch_host] if a.batch_host else "")
+        assert replace(b, node_addr="") == a
+
+
+def test_list_jobs_uses_the_cached_table_and_fetches_it_for_new_hosts() -> None:
+    fake = FakeRun(squeue_output(40), scontrol_nodes(1000))
+    with mock.patch.object(proc, "run", fake):
+        client = CliSlurmClient(env={"PATH": "/usr/bin"})
+        first = client.list_jobs("ray-p4")
+        second = client.list_jobs("ray-p4")
+    assert fake.calls == {"squeue": 2, "scontrol": 1}
+    assert first == second
+    assert {j.batch_host: j.node_addr for j in first if j.batch_host}["n3"] == "10.0.0.3"
+    # A host the table does not know (yet) makes every listing fetch it again, as before.
+    fake = FakeRun(squeue_output(40), scontrol_nodes(20))
+    with mock.patch.object(proc, "run", fake):
+        client = CliSlurmClient(env={"PATH": "/usr/bin"})
+        jobs = [client.list_jobs("ray-p4") for _ in range(2)][-1]
+    assert fake.calls == {"squeue": 2, "scontrol": 2}
+    by_host = {j.batch_host: j.node_addr for j in jobs if j.batch_host}
+    assert all(bool(addr) == (int(host[1:]) <= 20) for host, addr in by_host.items())
+
+
+def test_decode_tags_returns_a_fresh_dict_each_time() -> None:
+    comment = encode_tags({"a": "1", "b": "2"})
+    first = decode_tags(comment)
+    assert first == {"a": "1", "b": "2"}
+    first.pop("a")  # the provider pops its submission nonce
+    assert decode_tags(comment) == {"a": "1", "b": "2"}
+    assert decode_tags("not ours") is None
+    assert decode_tags("ray-slurm:{broken") is None
+
+
+def test_cluster_dir_fast_paths(tmp_path: Path) -> None:
+    cdir = ClusterDir(str(tmp_path), "c")
+    assert cdir.tags("7") == {} and not cdir.ray_up("7")
+    cdir.set_tags("7", {"k": "v"})
+    write_json(cdir.node("7") / "ray.json", {"ip": "x"})
+    assert cdir.tags("7") == {"k": "v"} and cdir.ray_up("7")
+
+
+def test_sdiag_query_rpcs_and_monitor_ticks(tmp_path: Path) -> None:
+    assert is_query("REQUEST_JOB_INFO") and is_query("REQUEST_PARTITION_INFO")
+    assert is_query("REQUEST_JOB_INFO_SINGLE") and is_query("REQUEST_NODE_INFO")
+    assert not is_query("REQUEST_STATS_INFO") and not is_query("REQUEST_SUBMIT_BATCH_JOB")
+    log = tmp_path / "monitor.log"
+    log.write_text(f"2026-11-30 01:20:25,271\tWARNING util.py:279 -- {TICK_MARK}. x\n"
+                   "2026-11-30 01:20:25,271\tWARNING util.py:279 -- Dropping worker_nodes\n"
+                   f"2026-11-30 01:20:30,355\tWARNING util.py:279 -- {TICK_MARK}. x\n")
+    ticks = monitor_ticks(log)
+    assert len(ticks) == 2 and round(ticks[1] - ticks[0], 3) == 5.084
