@@ -220,11 +220,13 @@ def _pss_kb(pid: str) -> int:
     return 0
 
 
-def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, int]]:
-    """Per job: PSS (kB) and process count of its processes (found by SLURM_JOB_ID in their
-    environment) plus its slurmstepd."""
+def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per job: PSS (kB), process count and CPU seconds used so far (utime + stime of the live
+    processes and of the children they waited for) of its processes (found by SLURM_JOB_ID in
+    their environment) plus its slurmstepd."""
     wanted = {str(j) for j in job_ids}
-    res = {j: {"pss_kb": 0, "procs": 0} for j in wanted}
+    res = {j: {"pss_kb": 0, "procs": 0, "cpu_s": 0.0} for j in wanted}
+    hz = os.sysconf("SC_CLK_TCK")
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
@@ -243,6 +245,11 @@ def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, int]]:
         if job in wanted:
             res[job]["pss_kb"] += _pss_kb(p.name)
             res[job]["procs"] += 1
+            try:  # utime + stime, plus the waited-for children's
+                f = (p / "stat").read_text().rsplit(")", 1)[1].split()
+                res[job]["cpu_s"] += sum(int(x) for x in f[11:15]) / hz
+            except (OSError, IndexError, ValueError):
+                pass
     return res
 
 

@@ -133,7 +133,8 @@ def one_round(c: Cluster, mode: str, script: str | None, i: int) -> dict[str, An
         t0 = r["t_demand"]
         for jid in new:
             sub = ctld_events(rf"_slurm_rpc_submit_batch_job: JobId={jid} ", t0 - 5)
-            alloc = ctld_events(rf"sched: Allocate JobId={jid} ", t0 - 5)
+            alloc = ctld_events(rf"(?:sched: Allocate|_start_job: Started) JobId={jid} ",
+                                t0 - 5)
             if sub:
                 r["demand_to_sbatch"] = round(sub[0][0] - t0, 3)
             if sub and alloc:

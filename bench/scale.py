@@ -4,8 +4,9 @@ Phases (`--phases`, comma-separated, run in order):
 
 * `up`        `ray up` of cluster `bench-scale` (head without CPUs; worker type `cpu_worker`:
               1 Ray CPU, 500 MB, 75 MB object store, one 1-CPU sandbox node each).
-* `p3:N`      bring the cluster to N workers (`request_resources`, through a driver on the
-              head that waits until exactly N are alive in Ray), let it settle, then
+* `grow:N`    bring the cluster to N workers (`request_resources`, through a driver on the
+              head that waits until exactly N are alive in Ray), `--step` workers at a time.
+* `p3:N`      `grow:N`, let it settle, then
               `sdiag --reset`, wait `--window` s without any other Slurm query, `sdiag`:
               query RPCs / autoscaler ticks counted in the head's monitor.log.
 * `p5:N`      burst: request N workers at once (from whatever runs; normally 0) and time
@@ -15,7 +16,8 @@ Phases (`--phases`, comma-separated, run in order):
 * `raw:N`     the raw path of a burst: N plain batch jobs (one `sbatch --array`) running the
               provider worker's `ray start` line with `--resources={"rawnode": 1}`; time from
               the sbatch call until all N are registered. Cancelled afterwards.
-* `mem`       PSS of every job of the cluster, slurmd and slurmctld.
+* `mem`       PSS and CPU seconds of every job of the cluster, slurmd and slurmctld.
+* `reset`     back to 0 workers at once (request cleared, worker jobs cancelled).
 * `p6`        `ray down`: time until no job of the cluster is left in squeue (any state) and
               no process of those jobs is left (and, with --container, no container).
 
@@ -33,10 +35,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -100,6 +105,10 @@ print("SCALERESULT " + json.dumps({"t0": t0, "t_end": time.time(), "base": len(b
 """
 
 
+#: slurmctld's log line when a job gets its nodes (main scheduler or backfill).
+ALLOC = r"(?:sched: Allocate|_start_job: Started) JobId="
+
+
 class Scale:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -141,7 +150,7 @@ class Scale:
         r: dict[str, Any] = json.loads(m.group(1))
         r.update(extra)
         if r["alive"] != want:
-            raise RuntimeError(f"wanted {want} {kind} workers, {r['alive']} alive: {r}")
+            log(f"  wanted {want} {kind} workers, {r['alive']} alive after {timeout:.0f}s")
         return r
 
     def workers(self) -> list[str]:
@@ -153,10 +162,21 @@ class Scale:
         log("ray up")
         self.res["ray_up_s"] = round(self.c.up(), 1)
 
+    def grow(self, n: int) -> None:
+        """Scale to n workers in steps of --step (a burst of concurrent `ray start`s larger
+        than this machine can absorb times out; see BENCHMARKS.md)."""
+        alive = self.driver(len(self.workers()), "provider", 60)["alive"]
+        steps = [*range(alive + self.args.step, n, self.args.step), n] if n > alive else [n]
+        for k in steps:
+            r = self.driver(k, "provider", self.args.timeout)
+            log(f"  {r['alive']}/{k} workers alive after {r['t_end'] - r['t0']:.1f}s")
+            if r["alive"] != k:
+                raise RuntimeError(f"wanted {k} workers; {r['alive']} came up")
+
     def p3(self, n: int) -> None:
         log(f"P3 at {n} workers: scaling")
-        r = self.driver(n, "provider", self.args.timeout)
-        log(f"  {n} alive after {r['t_end'] - r['t0']:.1f}s; settling {self.args.settle}s")
+        self.grow(n)
+        log(f"  {n} alive; settling {self.args.settle}s")
         wait_for(lambda: all(j["state"] == "RUNNING" for j in self.c.jobs())
                  and len(self.workers()) == n, 300, f"{n} running worker jobs")
         time.sleep(self.args.settle)
@@ -169,7 +189,8 @@ class Scale:
         ticks = monitor_ticks(mon, t0, t1)
         queries = {k: v for k, v in counts.items() if is_query(k)}
         nq = sum(queries.values())
-        res = {"workers": n, "window_s": round(t1 - t0, 1), "ticks": len(ticks),
+        res = {"workers": n, "load1": round(os.getloadavg()[0], 1),
+               "window_s": round(t1 - t0, 1), "ticks": len(ticks),
                "rpcs": counts, "query_rpcs": nq,
                "query_rpcs_per_tick": round(nq / len(ticks), 3) if ticks else None,
                "tick_period_s": round(statistics.median(
@@ -181,13 +202,14 @@ class Scale:
     def p5(self, n: int) -> None:
         log(f"P5 burst to {n} workers (free MB: {mem_available_mb()})")
         mon = self.c.monitor_log()
+        load_before = round(os.getloadavg()[0], 1)
         r = self.driver(n, "provider", self.args.timeout)
         t0, t_end = r["t0"], r["t_end"]
         reg = sorted(v[1] - t0 for v in r["seen"].values())
         subs = ctld_events(r"_slurm_rpc_submit_batch_job: JobId=", t0 - 1)
         subs = [(t, ln) for t, ln in subs if t <= t_end]
         allocs = {re.search(r"JobId=(\d+)", ln).group(1): t  # type: ignore[union-attr]
-                  for t, ln in ctld_events(r"sched: Allocate JobId=", t0 - 1)}
+                  for t, ln in ctld_events(ALLOC, t0 - 1)}
         sub_at = {re.search(r"JobId=(\d+)", ln).group(1): t  # type: ignore[union-attr]
                   for t, ln in subs}
         ticks = monitor_ticks(mon, t0 - 10, t_end + 1)
@@ -197,10 +219,12 @@ class Scale:
             per_tick[k] += 1
         sched = [allocs[j] - sub_at[j] for j in sub_at if j in allocs]
         res = {
-            "workers": n, "base": r["base"],
-            "all_registered_s": round(reg[-1], 2) if reg else None,
+            "workers": n, "base": r["base"], "registered": len(reg),
+            "load1_before": load_before, "load1_after": round(os.getloadavg()[0], 1),
+            "all_registered_s": round(reg[-1], 2) if len(reg) >= n - r["base"] else None,
             "first_registered_s": round(reg[0], 2) if reg else None,
             "registered_s": [round(x, 2) for x in reg],
+            "start_failures": self._start_failures(),
             "sbatch_calls": len(subs),
             "sbatch_calls_per_tick": sorted(per_tick.values(), reverse=True),
             "ticks_with_submits": len(per_tick),
@@ -216,6 +240,21 @@ class Scale:
         }
         self.res.setdefault("p5", []).append(res)
         log(f"  P5 {res}")
+
+    def reset(self) -> None:
+        """Back to 0 workers at once: clear the request and cancel the worker jobs."""
+        log("reset to 0 workers")
+        ids = self.workers()
+        self.driver(0, "provider", self.args.timeout, on_ready=lambda: scancel(ids) or {})
+        wait_for(lambda: not squeue(job_ids=ids), 300, "the cancelled workers to end")
+        time.sleep(self.args.settle)
+
+    def _start_failures(self) -> int:
+        """`ray start` attempts that failed in the cluster's worker jobs so far."""
+        n = 0
+        for p in self.c.cdir.logs.glob("*.out"):
+            n += p.read_text(errors="replace").count("ray start failed (attempt")
+        return n
 
     def raw(self, n: int) -> None:
         c = self.c
@@ -257,7 +296,8 @@ class Scale:
         finally:
             scancel(jobs)
         reg = sorted(v[1] - r["t_sbatch"] for v in r["seen"].values())
-        res = {"workers": n, "all_registered_s": round(reg[-1], 2) if reg else None,
+        res = {"workers": n, "registered": len(reg),
+               "all_registered_s": round(reg[-1], 2) if len(reg) == n else None,
                "first_registered_s": round(reg[0], 2) if reg else None,
                "registered_s": [round(x, 2) for x in reg], "sbatch_calls": 1}
         wait_for(lambda: not squeue("bench-raw-burst"), 300, "the raw burst to end")
@@ -273,6 +313,8 @@ class Scale:
         res = {"head_pss_mb": round(pss.get(head, {}).get("pss_kb", 0) / 1024, 1),
                "worker_pss_mb": summary(workers) if workers else None,
                "worker_procs": summary([v["procs"] for j, v in pss.items() if j != head]),
+               "worker_cpu_s": summary([v["cpu_s"] for j, v in pss.items() if j != head]),
+               "head_cpu_s": round(pss.get(head, {}).get("cpu_s", 0.0), 1),
                "slurmd_pss_mb": summary(slurmd) if slurmd else None,
                "slurmctld_pss_mb": round(sum(daemon_pss_kb(
                    "slurmctld -D", f"{SANDBOX_DIR}/etc/slurm.conf")) / 1024, 1),
@@ -284,6 +326,7 @@ class Scale:
         c = self.c
         ids = [j["id"] for j in c.jobs()]
         log(f"P6 ray down with {len(ids)} jobs")
+        load1 = round(os.getloadavg()[0], 1)
         t0 = time.time()
         p = subprocess.Popen([RAY, "down", "-y", str(c.path)], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, env=c.env(),
@@ -312,7 +355,7 @@ class Scale:
         with c.log.open("a") as f:
             f.write(f"$ ray down (P6)\n{out[-4000:]}\n")
         keys = ["no_job_s", "no_process_s"] + (["no_container_s"] if self.args.container else [])
-        res = {"jobs": len(ids), **times,
+        res = {"jobs": len(ids), "load1": load1, **times,
                "all_gone_s": max(times.get(k, float("inf")) for k in keys)}
         self.res.setdefault("p6", []).append(res)
         log(f"  P6 {res}")
@@ -335,12 +378,15 @@ def main() -> None:
     ap.add_argument("--idle-minutes", type=float, default=1.0)
     ap.add_argument("--window", type=float, default=60.0, help="P3 sdiag window, seconds")
     ap.add_argument("--settle", type=float, default=15.0)
+    ap.add_argument("--step", type=int, default=4, help="workers added at a time by grow/p3")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--container", action="store_true")
     ap.add_argument("--rest", action="store_true", help="provider.slurm_api: rest")
     ap.add_argument("--keep", action="store_true", help="do not `ray down` at the end")
     args = ap.parse_args()
     s = Scale(args)
+    # SIGTERM (timeout, Ctrl-C from a wrapper) still tears the cluster down and saves.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for phase in args.phases.split(","):
             name, _, arg = phase.partition(":")

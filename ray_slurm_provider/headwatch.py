@@ -1,4 +1,5 @@
-"""A worker ends when its head is gone, so no allocation is left burning.
+"""A worker ends when its head is gone, or when Slurm no longer counts its job, so no
+allocation is left burning and no Ray node outlives its allocation.
 
 Ray's own raylet gives up on a vanished GCS only after `gcs_rpc_server_reconnect_timeout_s`
 (60 s), and then `ray start --block` still has to notice. The worker agent therefore watches
@@ -8,7 +9,10 @@ the head itself, cheaply and without asking Slurm:
   stops (the head job ended, was cancelled, or `ray up` restarts Ray), and rewritten with
   another job id when a new head takes over: either means this worker's GCS is gone;
 * if the head dies without cleaning up (node failure, SIGKILL), its GCS port stops accepting
-  connections: after `grace_s` of that, the head counts as gone.
+  connections: after `grace_s` of that, the head counts as gone;
+* the provider writes `nodes/<job id>/stop` when a worker's job has left Slurm's active list
+  while its Ray still runs: a node set DOWN by an administrator leaves the job's processes
+  running (orphans) although Slurm has ended the job and may give its CPUs to others.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any
 
 from ray_slurm_provider.state import read_json
 
-PERIOD_S = 5.0
+PERIOD_S = 2.0  # the files: a stat each on the shared filesystem
+CONNECT_EVERY_S = 5.0  # the GCS port: one TCP connect
 GRACE_S = 30.0
 
 
@@ -37,10 +42,11 @@ def gcs_accepts(ip: str, port: int, timeout: float = 2.0) -> bool:
 class HeadWatch:
     """One worker's view of its head; `clock` and `connect` are injectable for tests."""
 
-    def __init__(self, head_info: Path, head: dict[str, Any], *, grace_s: float = GRACE_S,
-                 clock: Callable[[], float] = time.monotonic,
+    def __init__(self, head_info: Path, head: dict[str, Any], *, stop_file: Path | None = None,
+                 grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic,
                  connect: Callable[[str, int], bool] = gcs_accepts) -> None:
         self.head_info = head_info
+        self.stop_file = stop_file
         self.job_id = str(head.get("job_id", ""))
         self.ip = str(head.get("ip", ""))
         self.port = int(head.get("gcs_port", 0))
@@ -48,9 +54,12 @@ class HeadWatch:
         self._clock = clock
         self._connect = connect
         self._unreachable_since: float | None = None
+        self._next_connect = 0.0
 
     def check(self) -> str | None:
-        """One look; the reason the head is gone, or None while it is (or may be) there."""
+        """One look; the reason to stop, or None while the head is (or may be) there."""
+        if self.stop_file is not None and self.stop_file.exists():
+            return "Slurm no longer counts this job as running (the provider asked it to stop)"
         try:
             info = read_json(self.head_info)
         except (OSError, ValueError):
@@ -59,10 +68,13 @@ class HeadWatch:
             return f"the head's Ray stopped ({self.head_info} was removed)"
         if str(info.get("job_id")) != self.job_id:
             return f"another head (job {info.get('job_id')}) replaced head job {self.job_id}"
+        now = self._clock()
+        if now < self._next_connect:
+            return None
+        self._next_connect = now + CONNECT_EVERY_S
         if self._connect(self.ip, self.port):
             self._unreachable_since = None
             return None
-        now = self._clock()
         if self._unreachable_since is None:
             self._unreachable_since = now
         if now - self._unreachable_since >= self.grace_s:
@@ -82,9 +94,9 @@ class HeadWatch:
 
 
 def start(head_info: Path, head: dict[str, Any], alive: Callable[[], bool],
-          on_gone: Callable[[str], None]) -> threading.Thread:
+          on_gone: Callable[[str], None], stop_file: Path | None = None) -> threading.Thread:
     """Watch in a daemon thread (it ends with the agent)."""
-    watch = HeadWatch(head_info, head)
+    watch = HeadWatch(head_info, head, stop_file=stop_file)
     t = threading.Thread(target=watch.run, args=(alive, on_gone), daemon=True,
                          name="head-watch")
     t.start()

@@ -38,6 +38,9 @@ SUBMIT_TAG = "ray-slurm-submit"
 #: First backoff per kind of failure, seconds; it doubles per failure up to MAX_DELAY_S.
 BASE_DELAY_S = {"rejected": 60.0, "crashed": 60.0, "unavailable": 5.0}
 MAX_DELAY_S = 600.0
+#: Failures in a row that cost no backoff: one job that could not start Ray (a busy node:
+#: "timed out during startup", after its own retries) is bad luck; two in a row are a pattern.
+FREE_FAILURES = {"crashed": 1}
 #: What Ray shows as the category of a failed launch (NodeLaunchException, < 20 chars).
 CATEGORY = {"rejected": "SlurmRejected", "crashed": "JobDiedAtStart",
             "unavailable": "SlurmUnavailable"}
@@ -100,7 +103,9 @@ class LaunchGuard:
             now = self._clock()
             old = self._errors.get(node_type)
             n = old.failures + 1 if old else 1
-            delay = min(MAX_DELAY_S, BASE_DELAY_S.get(kind, 60.0) * 2.0 ** min(n - 1, 20))
+            free = FREE_FAILURES.get(kind, 0)
+            delay = 0.0 if n <= free else min(
+                MAX_DELAY_S, BASE_DELAY_S.get(kind, 60.0) * 2.0 ** min(n - 1 - free, 20))
             self._errors[node_type] = TypeFailure(
                 kind, message.strip(), n, old.first_failed if old else now, now, now + delay,
                 old.held_back if old else 0)
@@ -111,11 +116,21 @@ class LaunchGuard:
         return delay
 
     def succeeded(self, node_type: str) -> None:
+        """A job of the type was queued (a crash at start is cleared by `ray_started`)."""
+        self._clear(node_type, ("rejected", "unavailable"))
+
+    def ray_started(self, node_type: str) -> None:
+        """Ray came up on a node of the type."""
+        self._clear(node_type, ("crashed",))
+
+    def _clear(self, node_type: str, kinds: tuple[str, ...]) -> None:
         with self._lock:
-            had = self._errors.pop(node_type, None)
-        if had is not None:
-            logger.info("Node type %s launches again", node_type)
-            self._write(node_type, None)
+            err = self._errors.get(node_type)
+            if err is None or err.kind not in kinds:
+                return
+            del self._errors[node_type]
+        logger.info("Node type %s launches again", node_type)
+        self._write(node_type, None)
 
     def error(self, node_type: str) -> TypeFailure | None:
         with self._lock:

@@ -159,11 +159,12 @@ class Agent:
             log(f"could not sweep old containers: {e}")
 
     def watch_head(self) -> None:
-        """End this worker's job soon after its head is gone (headwatch.py)."""
+        """End this worker's job soon after its head is gone, or its job is (headwatch.py)."""
         head = read_json(self.cdir.head_info)
         if head:
             headwatch.start(self.cdir.head_info, dict(head), on_gone=self.on_head_gone,
-                            alive=lambda: self.child is not None and not self.terminating)
+                            alive=lambda: self.child is not None and not self.terminating,
+                            stop_file=self.ndir / "stop")
 
     def on_head_gone(self, reason: str) -> None:
         log(f"{reason}; ending this worker")

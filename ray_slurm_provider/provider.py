@@ -23,6 +23,7 @@ State model
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import sys
@@ -148,10 +149,18 @@ class SlurmNodeProvider(NodeProvider):
                 self.terminate_nodes(strays)
             except SlurmError as e:
                 logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
-        for job_id, rec in before.items():  # a worker that died before its Ray came up
-            if (job_id not in nodes and job_id not in self._gone and rec.job.running
-                    and job_id not in self._ray_seen
-                    and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER):
+        for job_id, rec in before.items():
+            if (job_id in nodes or job_id in self._gone or not rec.job.running
+                    or rec.tags.get(TAG_RAY_NODE_KIND) != NODE_KIND_WORKER):
+                continue
+            if self.cluster_dir.ray_up(job_id):
+                # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
+                # an orphan: its agent stops it (headwatch.py), so Ray sees the node leave.
+                logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
+                               job_id)
+                with contextlib.suppress(OSError):
+                    (self.cluster_dir.node(job_id) / "stop").touch()
+            elif job_id not in self._ray_seen:  # died before its Ray came up
                 log = self.cluster_dir.log(job_id)
                 self.guard.failed(rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
                                   f"Slurm job {job_id} ended before Ray started on it; "
@@ -169,6 +178,7 @@ class SlurmNodeProvider(NodeProvider):
             if job.job_id in self._ray_seen or self.cluster_dir.ray_up(job.job_id):
                 tags[TAG_RAY_NODE_STATUS] = STATUS_UP_TO_DATE
                 self._ray_seen.add(job.job_id)
+                self.guard.ray_started(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
             elif job.running:
                 tags[TAG_RAY_NODE_STATUS] = STATUS_SETTING_UP
             else:

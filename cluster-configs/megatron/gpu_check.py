@@ -10,8 +10,8 @@
 
 Steps, each under its own timeout inside the overall budget (one failing does not stop the rest):
   env        nvidia-smi, torch and CUDA versions, bf16 support
-  install    megatron-core 0.19.2 (cp312 wheel) and Ray 2.60 (trimmed, unpacked) into a
-             private site dir from .whl/, only where the image lacks them; no index, no network
+  install    megatron-core 0.19.2 (cp312 wheel), jsonschema and Ray 2.60 (trimmed, unpacked)
+             into a private site dir from .whl/, only where the image lacks them; no network
   mcore_fp32 tiny GPT on megatron-core, NCCL world 1, fp32, 20 steps: the loss falls
   mcore_bf16 the same in bf16 (Megatron's Float16Optimizer: the CUDA-only path)
   launcher   a private one-node Ray: the gang launcher with each CUDA_VISIBLE_DEVICES policy
@@ -42,7 +42,12 @@ SITE = Path(tempfile.gettempdir()) / "rsp-gpu-check-site"
 sys.path.insert(0, str(ROOT))
 from ray_slurm_provider import proc  # noqa: E402
 
-CARRY = {"megatron-core": "0.19.2", "ray": "2.60.0"}
+#: What the GPU image lacks: megatron-core for Python 3.12, Ray, and Ray's jsonschema (with its
+#: own dependencies; attrs is in the image). Ray is repacked without its libraries that the
+#: check does not use, to fit the 64 MiB a device call may carry (the wheel is 79 MB).
+CARRY = {"megatron-core": "0.19.2", "ray": "2.60.0", "jsonschema": "4.26.0",
+         "jsonschema-specifications": "2025.9.1", "referencing": "0.37.0",
+         "rpds-py": "2026.9.1"}
 RAY_DROP = ("ray/rllib/", "ray/data/", "ray/serve/", "ray/llm/", "ray/tune/", "ray/train/",
             "ray/dashboard/client/build/", "ray/air/", "ray/workflow/")
 TINY_20 = ["train.train_iters=20"]
@@ -119,7 +124,7 @@ def importable(c: Check, module: str) -> bool:
 def step_install(c: Check) -> None:
     t, done = time.monotonic(), []
     SITE.mkdir(parents=True, exist_ok=True)
-    if not importable(c, "megatron.core"):
+    if not all(importable(c, m) for m in ("megatron.core", "jsonschema")):
         wheels = sorted(str(p) for p in WHL.glob("*.whl"))
         rc, _, _ = c.run("install_wheels", [sys.executable, "-m", "pip", "install", "-q",
                                             "--no-index", "--no-deps", "--no-compile",

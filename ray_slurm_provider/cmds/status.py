@@ -61,16 +61,25 @@ def status_data(cluster: Cluster) -> dict[str, Any]:
     jobs = cluster.client.list_jobs(cluster.job_name)  # the one Slurm call
     rows = node_rows(cluster, jobs)
     head = read_json(cluster.cdir.head_info)
+    errors = read_json(cluster.cdir.root / "errors.json")  # launch_guard.py
     return {"cluster": cluster.name, "job_name": cluster.job_name, "nodes": rows,
             "other_jobs": len(jobs) - len(rows),
-            "head": head if isinstance(head, dict) else None}
+            "head": head if isinstance(head, dict) else None,
+            "launch_errors": errors if isinstance(errors, dict) else {}}
+
+
+def error_lines(data: dict[str, Any]) -> list[str]:
+    """The last launch error of each node type that is being held back."""
+    return [f"{t}: launch failing ({e.get('kind')}, {e.get('failures')} in a row; held back "
+            f"until {e.get('retry_after')}): {e.get('message')}"
+            for t, e in sorted(data.get("launch_errors", {}).items())]
 
 
 def status_lines(data: dict[str, Any]) -> list[str]:
     rows = data["nodes"]
     if not rows:
         return [f"cluster {data['cluster']!r}: no Slurm jobs named {data['job_name']} "
-                "(the cluster is down; `ray up CONFIG` starts it)"]
+                "(the cluster is down; `ray up CONFIG` starts it)", *error_lines(data)]
     headers = ["TYPE", "KIND", "JOB", "STATE", "NODE", "ADDRESS", "RAY", "RESOURCES",
                "TIME LEFT", "PENDING REASON (EST. START)"]
     body = []
@@ -88,7 +97,7 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     if data["other_jobs"]:
         out.append(f"({data['other_jobs']} other jobs named {data['job_name']} were not "
                    "created by ray-slurm)")
-    return out
+    return [*out, *error_lines(data)]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

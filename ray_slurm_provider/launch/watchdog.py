@@ -72,14 +72,19 @@ class Watchdog:
             p = st.progress
             if p is None:
                 continue
-            if p.beats == 0 and p.running_s > self.start_timeout_s:
-                out.append(((1, -1, -p.running_s), Stuck(
+            # Ages as of `now`: polls are answered at different moments, and a rank whose
+            # answer came late must not look staler than one whose answer came early.
+            running = p.running_s + silent
+            if p.beats == 0 and running > self.start_timeout_s:
+                out.append(((1, -1, -running), Stuck(
                     rank, f"rank {rank} sent no heartbeat within "
                           f"{self.start_timeout_s:.0f}s of starting")))
-            elif (p.beats > 0 and p.beat_age_s is not None
-                  and p.beat_age_s > self.stall_timeout_s):
+            elif p.beats > 0 and p.beat_age_s is not None:
+                age = p.beat_age_s + silent
+                if age <= self.stall_timeout_s:
+                    continue
                 step = -1 if p.last_step is None else p.last_step
                 where = "" if p.last_step is None else f" (last step {p.last_step})"
-                out.append(((1, step, -p.beat_age_s), Stuck(
-                    rank, f"rank {rank} sent no heartbeat for {p.beat_age_s:.0f}s{where}")))
+                out.append(((1, step, -age), Stuck(
+                    rank, f"rank {rank} sent no heartbeat for {age:.0f}s{where}")))
         return [s for _, s in sorted(out, key=lambda x: (x[0], x[1].rank))]

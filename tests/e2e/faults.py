@@ -92,6 +92,33 @@ def raylet_pid(job_id: str) -> int:
     return pid
 
 
+def ray_node_id(job_id: str) -> str:
+    """The Ray node id of this job's raylet (from its command line)."""
+    cmd = Path(f"/proc/{raylet_pid(job_id)}/cmdline").read_bytes().decode().split("\0")
+    return next(a.split("=", 1)[1] for a in cmd if a.startswith("--node_id="))
+
+
+def api(cluster: RayCluster, path: str, body: dict[str, Any] | None = None,
+        method: str = "GET") -> Any:
+    """The head's dashboard HTTP API, with the cluster's token."""
+    token = (cluster.cdir.root / "auth_token").read_text().strip()
+    req = urllib.request.Request(
+        cluster.dashboard + path, method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def node_dead_at(cluster: RayCluster, node_id: str) -> float | None:
+    """When Ray (the GCS) marked the node dead, or None while it is alive."""
+    nodes = api(cluster, "/api/v0/nodes?detail=1&limit=10000")["data"]["result"]["result"]
+    node = next((n for n in nodes if n["node_id"] == node_id), None)
+    if node is None or node["state"] != "DEAD" or not node.get("end_time_ms"):
+        return None
+    return float(node["end_time_ms"]) / 1000
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -145,13 +172,7 @@ class Driver:
                                           "submission_id": self.sid})
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        token = (self.cluster.cdir.root / "auth_token").read_text().strip()
-        req = urllib.request.Request(
-            self.cluster.dashboard + path, method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read() or b"null")
+        return api(self.cluster, path, body, method)
 
     def status(self) -> str:
         return str(self._call("GET", f"/api/jobs/{self.sid}")["status"])

@@ -35,9 +35,11 @@ def cluster(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_head_runs_the_v1_monitor(cluster: RayCluster) -> None:
-    out = cluster.ray("exec", str(cluster.path),
-                      "ps -eo args | grep -F autoscaler | grep -F monitor.py").stdout
-    assert "_private/monitor.py" in out and "v2/monitor.py" not in out
+    # Other clusters share this host: look only at the monitor reading this cluster's config.
+    out = cluster.ray("exec", str(cluster.path), "ps -eo args").stdout
+    mine = [line for line in out.splitlines()
+            if "monitor.py" in line and str(cluster.cdir.bootstrap_config) in line]
+    assert mine and all("_private/monitor.py" in line for line in mine), mine
 
 
 def test_v1_scales_up_a_worker_and_runs_tasks(cluster: RayCluster) -> None:

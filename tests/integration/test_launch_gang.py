@@ -36,11 +36,8 @@ def cluster(s3: str) -> Iterator[Cluster]:
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_ADDRESS")}
     os.environ["SLURM_JOB_ID"] = "4242"  # inherited by the raylets, as under sbatch
     os.environ["SLURM_LOCALID"] = "7"
-    c = Cluster()
+    c = start_cluster()
     try:
-        for _ in range(2):
-            c.add_node(num_cpus=2, num_gpus=2, include_dashboard=False)
-        c.wait_for_nodes()
         ray.init(address=c.address, runtime_env={"py_modules": [str(FNS)]},
                  log_to_driver=False)
         yield c
@@ -50,6 +47,24 @@ def cluster(s3: str) -> Iterator[Cluster]:
         os.environ.pop("SLURM_JOB_ID", None)
         os.environ.pop("SLURM_LOCALID", None)
         os.environ.update(saved)
+
+
+def start_cluster(tries: int = 3) -> Cluster:
+    """Two raylets. Ray gives a raylet a fixed 30 s to register, which a loaded machine can
+    miss ("The current node timed out during startup"): then start again, as the node agent
+    retries `ray start`."""
+    for i in range(tries):
+        c = Cluster()
+        try:
+            for _ in range(2):
+                c.add_node(num_cpus=2, num_gpus=2, include_dashboard=False)
+            c.wait_for_nodes()
+            return c
+        except Exception as e:
+            c.shutdown()
+            if "timed out during startup" not in str(e) or i + 1 == tries:
+                raise
+    raise AssertionError("unreachable")
 
 
 def spec(**kw: Any) -> GangSpec:

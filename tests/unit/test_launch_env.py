@@ -186,3 +186,13 @@ def test_rank_info_from_torchrun_environment() -> None:
                               "RSP_DEVICE_INDEX": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"})
     assert (info.rank, info.num_nodes, info.backend, info.device_index) == (3, 2, "nccl", 1)
     assert RankInfo.from_env({}).backend == "gloo"
+
+
+def test_watchdog_ages_heartbeats_to_the_same_moment() -> None:
+    # Rank 0 answered at t=100 (beat 2.5 s old), rank 1 at t=102 (beat 3.5 s old): as of
+    # t=102, rank 0's beat is the older one (4.5 s), whatever the order of the answers.
+    wd = Watchdog(10, 4, 60, ranks=[0, 1], started_at=0)
+    wd.observe(0, P(9, 5, 2.5, 100), now=100)
+    wd.observe(1, P(9, 5, 3.5, 102), now=102)
+    stuck = wd.check(102)
+    assert [s.rank for s in stuck] == [0] and "for 4s" in stuck[0].reason

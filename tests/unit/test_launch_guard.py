@@ -154,16 +154,18 @@ def test_submission_nonce_never_reaches_ray(tmp_path: Path) -> None:
 
 def test_worker_dying_before_ray_starts_holds_its_type_back(tmp_path: Path) -> None:
     p, f, clock = make(tmp_path)
-    (job,) = p.create_node({}, WORKER_TAGS, 1)
-    f.start(job)
-    p.non_terminated_nodes({})
-    log = p.cluster_dir.log(job)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("[ray-slurm 01:02:03] running: module load nope\nmodule: not found\n"
-                   "[ray-slurm 01:02:04] giving up: Ray never started on this node\n")
-    f.finish(job, "FAILED")
-    p.non_terminated_nodes({})
+    for _ in range(2):  # one such job is bad luck, not held against the type; two are
+        (job,) = p.create_node({}, WORKER_TAGS, 1)
+        f.start(job)
+        p.non_terminated_nodes({})
+        log = p.cluster_dir.log(job)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("[ray-slurm 01:02:03] running: module load nope\nmodule: not found\n"
+                       "[ray-slurm 01:02:04] giving up: Ray never started on this node\n")
+        f.finish(job, "FAILED")
+        p.non_terminated_nodes({})
     entry = errors(p)["cpu_worker"]
+    assert entry["failures"] == 2
     assert entry["kind"] == "crashed" and "giving up: Ray never started" in entry["message"]
     with pytest.raises(NodeLaunchException, match="held back") as e:
         p.create_node({}, WORKER_TAGS, 1)
@@ -204,3 +206,16 @@ def test_strays_expire(tmp_path: Path) -> None:
 
 def test_worker_tags_fixture_is_a_worker() -> None:
     assert WORKER_TAGS[TAG_RAY_NODE_KIND] == NODE_KIND_WORKER
+
+
+def test_status_command_shows_the_launch_error(tmp_path: Path) -> None:
+    from ray_slurm_provider.cmds import status
+
+    p, _, _ = make(tmp_path)
+    with pytest.raises(NodeLaunchException):
+        p.create_node({"partition": "nope"}, WORKER_TAGS, 1)
+    data = {"cluster": "c1", "job_name": "ray-c1", "nodes": [], "other_jobs": 0, "head": None,
+            "launch_errors": errors(p)}
+    text = "\n".join(status.status_lines(data))
+    assert "cpu_worker: launch failing (rejected, 1 in a row; held back until" in text
+    assert "Invalid partition name specified" in text

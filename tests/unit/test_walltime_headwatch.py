@@ -18,7 +18,7 @@ from ray_slurm_provider.state import write_json
 from ray_slurm_provider.walltime import HeadWalltime, fmt_duration, warn_below_s
 from tests.fakes import FakeClock, FakeSlurm
 from tests.unit.test_launch_guard import make
-from tests.unit.test_provider import HEAD_TAGS
+from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
 
 
 def spec(ncfg: NodeConfig) -> str:
@@ -114,7 +114,8 @@ def watch(tmp_path: Path, clock: FakeClock, port: Port) -> tuple[HeadWatch, Path
     info = tmp_path / "head.json"
     head = {"job_id": "7", "ip": "127.0.0.2", "gcs_port": 24000}
     write_json(info, head)
-    return HeadWatch(info, head, grace_s=30, clock=clock, connect=port), info
+    return HeadWatch(info, head, stop_file=tmp_path / "nodes" / "9" / "stop", grace_s=30,
+                     clock=clock, connect=port), info
 
 
 def test_head_json_removed_or_replaced(tmp_path: Path) -> None:
@@ -135,12 +136,44 @@ def test_unreachable_gcs_counts_only_after_grace(tmp_path: Path) -> None:
     clock.advance(20)
     assert w.check() is None
     port.open = True  # a blip: the count starts again
+    clock.advance(5)
     assert w.check() is None
     port.open = False
     clock.advance(5)
     assert w.check() is None
     clock.advance(30)
     assert "refused connections for 30s" in (w.check() or "")
+
+
+def test_gcs_is_probed_at_most_every_5s(tmp_path: Path) -> None:
+    clock, port = FakeClock(), Port()
+    w, _ = watch(tmp_path, clock, port)
+    for _ in range(10):  # 2-second checks of the files
+        assert w.check() is None
+        clock.advance(2)
+    assert port.calls == 4  # t = 0, 6, 12, 18
+
+
+def test_stop_file_from_the_provider_ends_the_worker(tmp_path: Path) -> None:
+    clock, port = FakeClock(), Port()
+    w, _ = watch(tmp_path, clock, port)
+    assert w.check() is None
+    (tmp_path / "nodes" / "9").mkdir(parents=True)
+    (tmp_path / "nodes" / "9" / "stop").touch()
+    assert "Slurm no longer counts this job as running" in (w.check() or "")
+
+
+def test_provider_stops_the_orphaned_ray_of_an_ended_job(tmp_path: Path) -> None:
+    """A node set DOWN: Slurm ends the job (NODE_FAIL) but its processes run on."""
+    p, f, _ = make(tmp_path)
+    (job,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(job)
+    write_json(p.cluster_dir.node(job) / "ray.json", {"ip": "x"})
+    p.non_terminated_nodes({})
+    f.finish(job, "NODE_FAIL")
+    assert p.non_terminated_nodes({}) == []
+    assert (p.cluster_dir.node(job) / "stop").exists()
+    assert p.guard.error("cpu_worker") is None  # Ray was up: not a crash at start
 
 
 def test_run_calls_on_gone_once_and_stops(tmp_path: Path) -> None:
