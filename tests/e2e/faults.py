@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -24,7 +25,6 @@ from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.parse import parse_duration, parse_kv_line
 from tests.e2e.harness import RayCluster
 
-TICK_S = 5.0  # AUTOSCALER_UPDATE_INTERVAL_S, v2's default
 _LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 
 
@@ -157,6 +157,30 @@ def log_lines(path: Path, since: float, pattern: str = "") -> list[tuple[float, 
         if t >= since and rx.search(line):
             out.append((t, line))
     return out
+
+
+#: Ray 2.60's v2 monitor re-reads the cluster config once per autoscaler iteration and warns
+#: about these legacy fields each time: one line per tick.
+TICK_LINE = r"Dropping the empty legacy field head_node"
+
+
+def ticks(log: Path, t0: float, t1: float) -> int:
+    """Autoscaler iterations that started in (t0, t1]."""
+    return len([t for t, _ in log_lines(log, t0, TICK_LINE) if t0 < t <= t1])
+
+
+def submit_logged_at(log: Path, job_id: str) -> float:
+    """When the head's provider logged submitting `job_id` (ms resolution)."""
+    (t, _), *_ = log_lines(log, 0, rf"Submitted Slurm job {job_id} ")
+    return t
+
+
+def keep_log(log: Path, name: str) -> Path:
+    """A copy that outlives the head's temp dir (removed when its job ends)."""
+    dst = Path(f"/tmp/rsp-hard-{name}-monitor.log")
+    if log.exists():
+        shutil.copyfile(log, dst)
+    return dst
 
 
 class Driver:

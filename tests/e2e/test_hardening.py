@@ -30,7 +30,6 @@ import yaml
 from ray_slurm_provider.sandbox import Sandbox
 from tests.e2e import drivers
 from tests.e2e.faults import (
-    TICK_S,
     Driver,
     agent_pid,
     alive,
@@ -38,6 +37,7 @@ from tests.e2e.faults import (
     epoch,
     gone,
     jobs,
+    keep_log,
     log_lines,
     monitor_log,
     node_dead_at,
@@ -46,7 +46,9 @@ from tests.e2e.faults import (
     run_time_s,
     show_job,
     stop,
+    submit_logged_at,
     submitted_at,
+    ticks,
     workers,
 )
 from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
@@ -109,6 +111,8 @@ def cluster(sandbox: Sandbox, workdir: Path) -> Iterator[RayCluster]:
         STATE["bad_since"] = time.time()
         yield c
     finally:
+        if c.cdir.head_info.exists():
+            print("monitor log kept at", keep_log(monitor_log(c), c.name))
         c.down()
         c.cleanup()
         print("HARDENING", json.dumps(FIGURES, sort_keys=True))
@@ -146,22 +150,25 @@ def test_walltime_driver_starts(cluster: RayCluster) -> None:
 
 def _replace(cluster: RayCluster, victim: str, fault: Callable[[], None]) -> dict[str, float]:
     """Inject `fault` on `victim`; return when its job ended, when Ray marked its node dead,
-    and when the replacement (a job that did not exist before the fault) was submitted."""
+    and when the replacement (a job that did not exist before the fault) was submitted, in
+    seconds and in autoscaler ticks from the first of those two signs of the loss."""
     before = {j.job_id for j in workers(cluster, "cpu_worker")}
     node_id = ray_node_id(victim)
     t_fault = time.time()
     fault()
     wait_for(lambda: gone(victim), 120, f"job {victim} to end", every=0.5)
     t_gone = time.time()
-    t_dead = wait_for(lambda: node_dead_at(cluster, node_id), 180, "Ray to drop the node",
-                      every=0.5)
     new = wait_for(lambda: [j for j in workers(cluster, "cpu_worker")
                             if j.job_id not in before], 120, "a replacement worker", every=0.5)
-    t_new = min(submitted_at(j.job_id) for j in new)
+    t_dead = wait_for(lambda: node_dead_at(cluster, node_id), 180, "Ray to drop the node",
+                      every=0.5)
+    log = monitor_log(cluster)
+    t_new = min(submit_logged_at(log, j.job_id) for j in new)
+    t_lost = min(t_gone, t_dead)
     return {"fault -> job gone s": round(t_gone - t_fault, 1),
             "fault -> Ray node dead s": round(t_dead - t_fault, 1),
-            "node lost -> replacement submitted s": round(t_new - max(t_gone, t_dead), 1),
-            "fault -> replacement submitted s": round(t_new - t_fault, 1)}
+            "fault -> replacement submitted s": round(t_new - t_fault, 1),
+            "loss seen -> replacement ticks": ticks(log, t_lost, t_new)}
 
 
 def test_lost_workers_are_replaced_and_work_completes(cluster: RayCluster,
@@ -203,7 +210,7 @@ def test_lost_workers_are_replaced_and_work_completes(cluster: RayCluster,
     FIGURES["lost workers"] = {**out, "driver": result}
     assert result["tasks"] > 0 and result["calls"] > 0
     for fault, t in out.items():
-        assert t["node lost -> replacement submitted s"] <= 3 * TICK_S + 1, (fault, t)
+        assert t["loss seen -> replacement ticks"] <= 3, (fault, t)
 
 
 def test_security_token_required_and_never_shown(cluster: RayCluster) -> None:

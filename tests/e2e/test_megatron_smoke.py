@@ -63,7 +63,17 @@ def cluster(sandbox: object, tmp_path: Path) -> Any:
             pytest.skip(f"{mod} is not installed: pip install -e '.[megatron-cpu]'")
     c = RayCluster.from_file(tmp_path, "megatron-smoke", CONFIG)
     try:
-        TIMINGS["ray up"] = c.up()
+        t0 = time.monotonic()
+        try:
+            c.up()
+        except AssertionError as e:
+            # On a loaded machine the head's raylet can miss Ray's fixed 30 s registration
+            # window; `ray up` again restarts Ray in the same head job, as a user would.
+            if "timed out during startup" not in str(e):
+                raise
+            print("RETRY ray up: the head's ray start timed out during startup")
+            c.up()
+        TIMINGS["ray up"] = time.monotonic() - t0
         yield c
     finally:
         TIMINGS["ray down"] = c.down()
