@@ -254,12 +254,30 @@ class Agent:
             self.interrupted = True  # let `ray up` try again
             return 1
 
+        started = False
+
         def up() -> None:
+            nonlocal started
+            started = True
             self.mark_started(argv, env)
             write_json(self.ndir / "result.json", {"id": req_id, "ok": True})
             threading.Thread(target=self.watch, args=(req_id,), daemon=True).start()
 
-        code = self.run_ray(argv, env, up)
+        # A busy node can make Ray's own start-up deadlines fire ("The current node timed
+        # out during startup"): retry like a worker does before telling `ray up` it failed.
+        for attempt in range(1, self.spec.attempts + 1):
+            code = self.run_ray(argv, env, up)
+            if started or self.terminating or attempt == self.spec.attempts:
+                break
+            log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code}); "
+                "retrying")
+            time.sleep(min(2**attempt, 30))
+            try:
+                wait_port_free(program.get_flag(argv, "--node-ip-address") or "127.0.0.1",
+                               int(program.get_flag(argv, "--port") or 6379), 60.0)
+            except RuntimeError as e:
+                log(str(e))
+                break
         self.unmark()
         result = read_json(self.ndir / "result.json") or {}
         if result.get("id") != req_id:

@@ -82,3 +82,21 @@ def test_worker_without_head_fails_clearly(tmp_path: Path, monkeypatch: pytest.M
     a.cdir.head_info.unlink()
     assert a.main() == 1 and started == []
     assert "no running head found" in capsys.readouterr().out
+
+
+def test_head_start_is_retried_before_ray_up_hears_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, attempts=3, temp_dir_root=str(tmp_path / "tmp"))
+    a = Agent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
+    children = [FakeChild(["The current node timed out during startup.\n"], 1),
+                FakeChild(["Ray runtime started.\n"], 0)]
+    monkeypatch.setattr(node.proc, "start", lambda argv, env=None: children.pop(0))
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
+    monkeypatch.setattr(node.time, "sleep", lambda s: None)
+    monkeypatch.setattr(node, "wait_port_free", lambda *args: None)
+    monkeypatch.setattr(Agent, "watch", lambda self, req_id: None)
+    req = {"id": "r1", "ray_start": ["ray", "start", "--head"], "exports": {}, "env": {}}
+    assert a.head_once(req, "r1") == 0
+    assert children == []
+    assert read_json(a.ndir / "result.json") == {"id": "r1", "ok": True}
