@@ -220,34 +220,61 @@ def _pss_kb(pid: str) -> int:
     return 0
 
 
-def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Per job: PSS (kB), process count and CPU seconds used so far (utime + stime of the live
-    processes and of the children they waited for) of its processes (found by SLURM_JOB_ID in
-    their environment) plus its slurmstepd."""
-    wanted = {str(j) for j in job_ids}
-    res = {j: {"pss_kb": 0, "procs": 0, "cpu_s": 0.0} for j in wanted}
-    hz = os.sysconf("SC_CLK_TCK")
+def _procs() -> dict[int, tuple[int, bytes, bytes]]:
+    """pid -> (parent pid, cmdline, environ) of every process we may read."""
+    out = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
-            environ = (p / "environ").read_bytes()
-            cmd = (p / "cmdline").read_bytes()
-        except OSError:
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            out[int(p.name)] = (ppid, (p / "cmdline").read_bytes(), (p / "environ").read_bytes())
+        except (OSError, IndexError, ValueError):
             continue
-        job = None
+    return out
+
+
+def job_processes(job_ids: Iterable[str]) -> dict[str, set[int]]:
+    """The processes of each job: its slurmstepds and all their descendants, plus any process
+    whose environment has the job's SLURM_JOB_ID and this sandbox's SLURM_CONF (orphans
+    re-parented to init). The environment alone is not enough: Ray's agents rename themselves
+    (setproctitle), which overwrites /proc/<pid>/environ."""
+    wanted = {str(j) for j in job_ids}
+    # Job ids repeat across sandboxes on one machine: only processes of this one count.
+    conf = f"SLURM_CONF={SANDBOX_DIR}/etc/slurm.conf\0".encode()
+    procs = _procs()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    res: dict[str, set[int]] = {j: set() for j in wanted}
+    for pid, (_, cmd, environ) in procs.items():
         m = re.match(rb"slurmstepd: \[(\d+)\.", cmd)
-        if m:
-            job = m.group(1).decode()
-        else:
-            m = re.search(rb"(?:^|\0)SLURM_JOB_ID=(\d+)\0", environ)
-            job = m.group(1).decode() if m else None
-        if job in wanted:
-            res[job]["pss_kb"] += _pss_kb(p.name)
-            res[job]["procs"] += 1
-            try:  # utime + stime, plus the waited-for children's
-                f = (p / "stat").read_text().rsplit(")", 1)[1].split()
-                res[job]["cpu_s"] += sum(int(x) for x in f[11:15]) / hz
+        job = m.group(1).decode() if m else None
+        if job in wanted and conf in environ:
+            stack = [pid]
+            while stack:
+                x = stack.pop()
+                res[job].add(x)
+                stack += children.get(x, [])
+            continue
+        m = re.search(rb"(?:^|\0)SLURM_JOB_ID=(\d+)\0", environ)
+        if m and m.group(1).decode() in wanted and conf in environ:
+            res[m.group(1).decode()].add(pid)
+    return res
+
+
+def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per job: PSS (kB), process count and CPU seconds used so far (utime + stime of the live
+    processes and of the children they waited for) of its processes (`job_processes`)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    res: dict[str, dict[str, Any]] = {}
+    for job, pids in job_processes(job_ids).items():
+        r = res[job] = {"pss_kb": 0, "procs": len(pids), "cpu_s": 0.0}
+        for pid in pids:
+            r["pss_kb"] += _pss_kb(str(pid))
+            try:
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                r["cpu_s"] += sum(int(x) for x in f[11:15]) / hz
             except (OSError, IndexError, ValueError):
                 pass
     return res

@@ -3,8 +3,9 @@
 Provider path: `ray up -y` of a sandbox cluster (head only). Raw path: `sbatch` of a plain
 batch script that runs `ray start --head --block` with the same flags the provider's head ran
 (taken from the head job's log: the agent logs its exact `ray start` line; only the temp dir,
-the node address and `--autoscaling-config` differ, so the raw head's monitor runs read-only),
-the same Slurm resources and the same Ray environment (token auth on, usage stats off).
+the node address (`--node-ip-address`, `--dashboard-host`) and `--autoscaling-config` differ,
+so the raw head's monitor runs read-only), the same Slurm resources and the same Ray
+environment (token auth on, usage stats off).
 
 Both paths are polled the same way, every `--poll` s from the moment the command starts:
 squeue for the job's node, then a TCP connect to the GCS port and `GET /api/version` on the
@@ -12,7 +13,7 @@ dashboard with the token. "The head answers" = the first 200 from the dashboard 
 `ray job submit` needs); the GCS time and the exit time of `ray up` are recorded too. Between
 runs every job of the path ends and its processes are gone.
 
-    .venv/bin/python -m bench.p1_ray_up [--runs 5] [--container]
+    .venv/bin/python -m bench.p1_ray_up [--runs 5]
 """
 
 from __future__ import annotations
@@ -196,23 +197,17 @@ def raw_run(c: Cluster, script: str, poll: float, timeout: float) -> dict[str, A
     return dict(probe.times)
 
 
-def raw_container_script(argv: list[str], c: Cluster) -> str:
-    raise SystemExit("the container raw path is not written yet")
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="runs of each path (alternating)")
     ap.add_argument("--poll", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--container", action="store_true",
-                    help="Ray in Docker (sandbox-docker.yaml; needs a --docker sandbox and "
-                    "`ray-slurm sandbox image`)")
-    ap.add_argument("--name", default=None, help="result name (default p1 or p1-container)")
+    ap.add_argument("--name", default="p1", help="result name (bench/results/NAME.json)")
     args = ap.parse_args()
 
-    cname = "bench-p1c" if args.container else "bench-p1"
-    c = Cluster(bench_config(cname, workers=0, container=args.container))
+    cname = "bench-p1"
+    c = Cluster(bench_config(cname, workers=0))
     runs: dict[str, list[dict[str, Any]]] = {"provider": [], "raw": []}
     failed: dict[str, list[str]] = {"provider": [], "raw": []}
     script = None
@@ -237,11 +232,7 @@ def main() -> None:
                     continue
                 job = str(r["job_id"])
                 if script is None:
-                    argv = head_start_line(c, job)
-                    if args.container:
-                        script = raw_container_script(argv, c)
-                    else:
-                        script = raw_script(argv, c)
+                    script = raw_script(head_start_line(c, job), c)
                     (WORK / cname / "raw-head.sbatch").write_text(script)
                 t = time.time()
                 c.down()
@@ -276,7 +267,7 @@ def main() -> None:
         "target_ratio": 1.10,
     }
     res["meets_target"] = res["ratio_answer"] <= 1.10
-    save(args.name or ("p1-container" if args.container else "p1"), res)
+    save(args.name, res)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -69,7 +68,7 @@ from bench.common import (
     summary,
     wait_for,
 )
-from bench.p2_demand import worker_start_line
+from bench.p2_demand import raw_worker_script, worker_start_line
 
 DRIVER = r"""
 import json, sys, time, ray
@@ -266,27 +265,12 @@ class Scale:
     def raw(self, n: int) -> None:
         c = self.c
         if self.raw_script is None:
-            known = [j for j in c.cdir.known_nodes() if c.cdir.log(j).exists()]
-            logs = [j for j in sorted(c.cdir.logs.glob("*.out"))
-                    if "starting: " in j.read_text() and "--address=" in j.read_text()]
+            # A current worker's line: it joins this head (older logs may name another).
+            logs = [c.cdir.log(j) for j in self.workers() if c.cdir.log(j).exists()
+                    and "starting: " in c.cdir.log(j).read_text()]
             if not logs:
-                raise RuntimeError(f"raw:{n} needs a provider worker's log first ({known})")
-            argv = worker_start_line(c, logs[-1].stem)
-            out = [shlex.quote(RAY)]
-            for a in argv[1:]:
-                if a.startswith("--node-ip-address="):
-                    out.append('--node-ip-address="$IP"')
-                elif a.startswith("--temp-dir="):
-                    out.append('--temp-dir="/tmp/rsp-raw-$SLURM_JOB_ID"')
-                elif a != "--block":
-                    out.append(shlex.quote(a))
-            out += [shlex.quote('--resources={"rawnode": 1}'), "--block"]
-            self.raw_script = "\n".join([
-                "#!/bin/bash", "export RAY_AUTH_MODE=token",
-                f"export RAY_AUTH_TOKEN_PATH={shlex.quote(str(c.token_path))}",
-                "export RAY_USAGE_STATS_ENABLED=0 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=5",
-                'K="${SLURMD_NODENAME#n}"; IP="127.0.0.$((K + 1))"',
-                "exec " + " ".join(out), ""])
+                raise RuntimeError(f"raw:{n} needs a provider worker's log first")
+            self.raw_script = raw_worker_script(worker_start_line(c, logs[-1].stem), c)
         jobs: list[str] = []
 
         def submit() -> dict[str, Any]:
@@ -369,8 +353,10 @@ class Scale:
 
 
 def _containers(cluster: str) -> list[str]:
-    cp = run(["docker", "ps", "-aq", "--filter", f"label=ray.cluster={cluster}"], timeout=30,
-             check=False)
+    from ray_slurm_provider.runtimes.docker import CLUSTER_LABEL
+
+    cp = run(["docker", "ps", "-aq", "--filter", f"label={CLUSTER_LABEL}={cluster}"],
+             timeout=30, check=False)
     return cp.stdout.split()
 
 
