@@ -184,6 +184,9 @@ class Attempt:
                 wd.done(rank)
                 try:
                     out = ray.get(ref)
+                    # A poll issued before the rank finished holds earlier reports than
+                    # its result: read it first so reports stay in step order.
+                    self._poll(polls, set(), wd, wait_s=5.0, only=rank)
                     self._take(out.pop("reports", []))
                     self.rec.results[rank] = out
                 except (FatalRankError, ray.exceptions.RayError) as e:
@@ -206,16 +209,17 @@ class Attempt:
             self.rec.ok = True
 
     def _poll(self, polls: dict[int, Any], running: set[int], wd: Watchdog,
-              wait_s: float = 0.0) -> None:
+              wait_s: float = 0.0, only: int | None = None) -> None:
         """Issue a poll to every running rank without one in flight; read those answered
-        (waiting up to `wait_s` for all of them)."""
+        (waiting up to `wait_s` for all of them, or only for rank `only`'s)."""
         import ray
 
         for rank in running - set(polls):
             polls[rank] = self.actors[rank].poll.remote()
-        if not polls:
+        wanted = [ref for r, ref in polls.items() if only is None or r == only]
+        if not wanted:
             return
-        ready, _ = ray.wait(list(polls.values()), num_returns=len(polls), timeout=wait_s)
+        ready, _ = ray.wait(wanted, num_returns=len(wanted), timeout=wait_s)
         by_ref = {ref: rank for rank, ref in polls.items()}
         for ref in ready:
             rank = by_ref[ref]

@@ -138,7 +138,9 @@ def test_one_rank_failing_restarts_the_gang_from_the_checkpoint(
     # The others wait at the step-4 "collective" for rank 3, so the checkpoint says 4.
     assert {o["start"] for o in results(res).values()} == {4}
     assert first.master != second.master  # a fresh port per attempt
-    assert [r["step"] for r in second.reports if r["rank"] == 0][-1] == 7
+    # Reports reach the driver through two channels (heartbeat polls and the final result),
+    # so their order across them is not the step order.
+    assert sorted(r["step"] for r in second.reports if r["rank"] == 0) == [4, 5, 6, 7]
     assert "CREATED" not in pg_states()
 
 
