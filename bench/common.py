@@ -82,8 +82,10 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 
 # --- Slurm probes --------------------------------------------------------------------------
 
 def squeue(name: str | None = None, job_ids: Iterable[str] = ()) -> list[dict[str, str]]:
-    """Jobs (id, state, node) by name or id, every state squeue still shows (CG included)."""
-    args = ["squeue", "--noheader", "--format=%i|%T|%N|%j"]
+    """Jobs (id, state, node, num) by name or id, every state squeue still shows (CG
+    included), every array task on its own line; `num` is the numeric job id (%A), which
+    slurmstepd and SLURM_JOB_ID use."""
+    args = ["squeue", "--array", "--noheader", "--format=%i|%T|%N|%A|%j"]
     if name:
         args.append(f"--name={name}")
     ids = list(job_ids)
@@ -97,8 +99,8 @@ def squeue(name: str | None = None, job_ids: Iterable[str] = ()) -> list[dict[st
     out = []
     for line in cp.stdout.splitlines():
         if line.strip():
-            i, st, node, nm = line.split("|", 3)
-            out.append({"id": i, "state": st, "node": node, "name": nm})
+            i, st, node, num, nm = line.split("|", 4)
+            out.append({"id": i, "state": st, "node": node, "num": num, "name": nm})
     return out
 
 
@@ -196,7 +198,7 @@ def http_ok(url: str, token: str | None) -> bool:
 
 def monitor_ticks(log: Path, since: float = 0.0, until: float = float("inf")) -> list[float]:
     """Epoch times of the autoscaler ticks logged in `monitor.log` within [since, until]."""
-    out = []
+    out: list[float] = []
     if not log.exists():
         return out
     for line in log.read_text(errors="replace").splitlines():

@@ -45,7 +45,15 @@ CLUSTER = "p4"
 NODES = 1000
 
 
-def squeue_output(n: int) -> str:
+def left(i: int, running: bool, tick: int) -> str:
+    """squeue's time left (%L): a running job's goes down with every listing."""
+    if not running:
+        return "2:00:00"
+    s = 5832 - 5 * tick - i % 600
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def squeue_output(n: int, tick: int = 0) -> str:
     lines = []
     for i in range(n):
         job_id = str(100000 + i)
@@ -59,10 +67,10 @@ def squeue_output(n: int) -> str:
                 TAG_RAY_LAUNCH_REQUEST: "6a1f3e2d", SUBMIT_TAG: f"{i:032x}"}
         node = f"n{i % NODES + 1}" if running else ""
         lines.append(DELIM.join([
-            job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
-            "None" if running else "Resources", node or "", node or "",
-            "2:00:00", "1:37:12" if running else "2:00:00", "2026-11-30T01:00:00",
-            "2026-11-30T01:00:05" if running else "N/A", "cpu", encode_tags(tags)]))
+            left(i, running, tick), job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
+            "None" if running else "Resources", node or "", node or "", "2:00:00",
+            "2026-11-30T01:00:00", "2026-11-30T01:00:05" if running else "N/A", "cpu", job_id,
+            encode_tags(tags)]))
     return "\n".join(lines) + "\n"
 
 
@@ -81,16 +89,18 @@ def scontrol_nodes(n: int) -> str:
 
 
 class FakeRun:
-    """proc.run for squeue and scontrol; counts the calls."""
+    """proc.run for squeue and scontrol; counts the calls. squeue answers with the listings
+    in turn (as a real one, whose time-left column changes between calls)."""
 
-    def __init__(self, squeue: str, nodes: str) -> None:
-        self.squeue, self.nodes = squeue, nodes
+    def __init__(self, squeue: str | list[str], nodes: str) -> None:
+        self.squeue = [squeue] if isinstance(squeue, str) else squeue
+        self.nodes = nodes
         self.calls: dict[str, int] = {}
 
     def __call__(self, argv: Any, **_: Any) -> proc.Result:
         name = Path(str(argv[0])).name
         self.calls[name] = self.calls.get(name, 0) + 1
-        out = self.squeue if name == "squeue" else self.nodes
+        out = self.squeue[self.calls[name] % len(self.squeue)] if name == "squeue" else self.nodes
         return proc.Result(list(argv), 0, out, "")
 
 
@@ -135,8 +145,10 @@ def main() -> None:
 
     from ray_slurm_provider.provider import SlurmNodeProvider
 
-    text, nodes = squeue_output(args.jobs), scontrol_nodes(NODES)
-    fake = FakeRun(text, nodes)
+    # Three listings whose time-left column differs, as a real squeue's every 5 s.
+    texts, nodes = [squeue_output(args.jobs, t) for t in range(3)], scontrol_nodes(NODES)
+    text = texts[0]
+    fake = FakeRun(texts, nodes)
     res: dict[str, Any] = {"jobs": args.jobs, "nodes": NODES, "squeue_bytes": len(text),
                            "repeat": args.repeat}
     with mock.patch.object(proc, "run", fake), tempfile.TemporaryDirectory() as tmp:

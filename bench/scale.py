@@ -25,9 +25,10 @@ Phases (`--phases`, comma-separated, run in order):
     .venv/bin/python -m bench.scale --phases up,p3:8,raw:32,p6 --name scale-8
 
 The Ray side of the burst is opened up so the provider sees the whole burst at once
-(`upscaling_speed: 32`, `AUTOSCALER_MAX_CONCURRENT_LAUNCHES=32` in the head's environment);
-without that Ray's v2 autoscaler itself releases at most ceil(upscaling_speed * running) and
-10 launches per tick.
+(`upscaling_speed: 32`, `AUTOSCALER_MAX_CONCURRENT_LAUNCHES=32` and
+`AUTOSCALER_MAX_LAUNCH_BATCH=32` in the head's environment); without that Ray's v2 autoscaler
+itself releases at most ceil(upscaling_speed * running) and 10 launches per tick, in
+`create_node` calls of at most 5 nodes.
 """
 
 from __future__ import annotations
@@ -116,11 +117,14 @@ class Scale:
                            idle_timeout_minutes=args.idle_minutes, container=args.container,
                            rest=args.rest)
         cfg["provider"]["environment"] = {
-            "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": str(args.max_concurrent_launches)}
+            "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": str(args.max_concurrent_launches),
+            # Ray v2 cuts a launch into create_node calls of at most this many (default 5).
+            "AUTOSCALER_MAX_LAUNCH_BATCH": str(args.max_launch_batch)}
         self.c = Cluster(cfg)
         self.res: dict[str, Any] = {"config": {
             "upscaling_speed": args.upscaling_speed, "max_workers": args.max_workers,
             "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": args.max_concurrent_launches,
+            "AUTOSCALER_MAX_LAUNCH_BATCH": args.max_launch_batch,
             "container": args.container, "slurm_api": "rest" if args.rest else "cli"}}
         self.raw_script: str | None = None
 
@@ -214,16 +218,19 @@ class Scale:
         reg = sorted(v[1] - t0 for v in r["seen"].values())
         subs = ctld_events(r"_slurm_rpc_submit_batch_job: JobId=", t0 - 1)
         subs = [(t, ln) for t, ln in subs if t <= t_end]
-        allocs = {re.search(r"JobId=(\d+)", ln).group(1): t  # type: ignore[union-attr]
-                  for t, ln in ctld_events(ALLOC, t0 - 1)}
+        # An array task is allocated as `JobId=<array>_<task>(<id>)`: each counts against
+        # the one submit of its array.
+        allocs = [(re.search(r"JobId=(\d+)", ln).group(1), t)  # type: ignore[union-attr]
+                  for t, ln in ctld_events(ALLOC, t0 - 1)]
         sub_at = {re.search(r"JobId=(\d+)", ln).group(1): t  # type: ignore[union-attr]
                   for t, ln in subs}
+        allocs = [(j, t) for j, t in allocs if j in sub_at]
         ticks = monitor_ticks(mon, t0 - 10, t_end + 1)
-        per_tick = Counter()
+        per_tick: Counter[int] = Counter()
         for t, _ in subs:
             k = sum(1 for x in ticks if x <= t)  # the tick the submit belongs to
             per_tick[k] += 1
-        sched = [allocs[j] - sub_at[j] for j in sub_at if j in allocs]
+        sched = [t - sub_at[j] for j, t in allocs]
         res = {
             "workers": n, "base": r["base"], "registered": len(reg),
             "load1_before": load_before, "load1_after": round(os.getloadavg()[0], 1),
@@ -236,8 +243,8 @@ class Scale:
             "ticks_with_submits": len(per_tick),
             "first_sbatch_s": round(subs[0][0] - t0, 2) if subs else None,
             "last_sbatch_s": round(subs[-1][0] - t0, 2) if subs else None,
-            "last_alloc_s": round(max(allocs[j] for j in sub_at if j in allocs) - t0, 2)
-            if sched else None,
+            "allocated": len(allocs),
+            "last_alloc_s": round(max(t for _, t in allocs) - t0, 2) if allocs else None,
             "slurm_submit_to_alloc_s": summary(sched) if sched else None,
             "tick_period_s": round(statistics.median(
                 b - a for a, b in itertools.pairwise(ticks)), 2)
@@ -251,7 +258,7 @@ class Scale:
         """Back to 0 workers at once: clear the request and cancel the worker jobs."""
         log("reset to 0 workers")
         ids = self.workers()
-        self.driver(0, "provider", self.args.timeout, on_ready=lambda: scancel(ids) or {})
+        self.driver(0, "provider", self.args.timeout, on_ready=lambda: _cancelled(ids))
         wait_for(lambda: not squeue(job_ids=ids), 300, "the cancelled workers to end")
         time.sleep(self.args.settle)
 
@@ -297,7 +304,7 @@ class Scale:
 
     def mem(self) -> None:
         head = str(self.c.head()["job_id"])
-        pss = job_pss_kb([j["id"] for j in self.c.jobs()])
+        pss = job_pss_kb([j["num"] for j in self.c.jobs()])
         workers = [v["pss_kb"] / 1024 for j, v in pss.items() if j != head]
         slurmd = [v / 1024 for v in daemon_pss_kb("slurmd -D -N n",
                                                    f"{SANDBOX_DIR}/etc/slurm.conf")]
@@ -315,7 +322,7 @@ class Scale:
 
     def p6(self) -> None:
         c = self.c
-        ids = [j["id"] for j in c.jobs()]
+        ids = [j["num"] for j in c.jobs()]  # numeric: how their processes are found
         log(f"P6 ray down with {len(ids)} jobs")
         load1 = round(os.getloadavg()[0], 1)
         t0 = time.time()
@@ -352,6 +359,11 @@ class Scale:
         log(f"  P6 {res}")
 
 
+def _cancelled(ids: list[str]) -> dict[str, Any]:
+    scancel(ids)
+    return {}
+
+
 def _containers(cluster: str) -> list[str]:
     from ray_slurm_provider.runtimes.docker import CLUSTER_LABEL
 
@@ -368,6 +380,7 @@ def main() -> None:
     ap.add_argument("--max-workers", type=int, default=32)
     ap.add_argument("--upscaling-speed", type=float, default=32.0)
     ap.add_argument("--max-concurrent-launches", type=int, default=32)
+    ap.add_argument("--max-launch-batch", type=int, default=32)
     ap.add_argument("--idle-minutes", type=float, default=1.0)
     ap.add_argument("--window", type=float, default=60.0, help="P3 sdiag window, seconds")
     ap.add_argument("--settle", type=float, default=15.0)

@@ -23,12 +23,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ray_slurm_provider.jobs import encode_tags
-from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, TransientSlurmError
+from ray_slurm_provider.slurm.client import (
+    ArraySubmitter,
+    SlurmClient,
+    SlurmError,
+    TransientSlurmError,
+)
+from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.state import read_json, write_json
 
 logger = logging.getLogger(__name__)
@@ -160,9 +166,11 @@ class Strays:
         self._keep_s = keep_s
         self._lock = threading.Lock()
         self._failed: dict[str, float] = {}
+        self.generation = 0  # grows with every add
 
     def add(self, nonce: str) -> None:
         with self._lock:
+            self.generation += 1
             now = self._clock()
             self._failed = {k: t for k, t in self._failed.items() if now - t < self._keep_s}
             self._failed[nonce] = now
@@ -199,13 +207,20 @@ def last_agent_line(log: Path, max_bytes: int = 8192) -> str:
 
 
 def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, script: str,
-                   tags: dict[str, str], node_type: str, head: bool) -> str:
-    """One sbatch: a held-back type fails at once, a failure holds the type back, and a job of
-    a submission that raised never lives on (its nonce goes to `strays`)."""
+                   tags: dict[str, str], node_type: str, head: bool,
+                   count: int = 1) -> list[str]:
+    """One sbatch (a job array of `count` tasks when count > 1: the caller checks that the
+    back end is an `ArraySubmitter`): a held-back type fails at once, a failure holds the
+    type back, and a job of a submission that raised never lives on (its nonce, shared by
+    every task of an array, goes to `strays`)."""
     nonce = uuid.uuid4().hex[:16]
     try:
         guard.check(node_type)
-        job_id = slurm.submit(script, comment=encode_tags({**tags, SUBMIT_TAG: nonce}))
+        comment = encode_tags({**tags, SUBMIT_TAG: nonce})
+        if count > 1 and isinstance(slurm, ArraySubmitter):
+            job_ids = slurm.submit_array(script, count, comment=comment)
+        else:
+            job_ids = [slurm.submit(script, comment=comment)]
     except HeldBack as e:
         raise launch_error(head, e.category, str(e)) from None
     except SlurmError as e:
@@ -216,4 +231,19 @@ def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, scrip
         raise launch_error(head, CATEGORY[kind], f"Slurm did not take the job of node type "
                            f"{node_type}: {e.slurm_message}") from e
     guard.succeeded(node_type)
-    return job_id
+    return job_ids
+
+
+def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
+                 tags: dict[str, str], node_type: str, head: bool, count: int) -> list[str]:
+    """`count` nodes of one type. On a back end that submits arrays (the CLI), ONE
+    `sbatch --array` for all of them: each task is a node of its own, id `<array>_<task>`,
+    logging to `<array>_<task>.out`. Elsewhere (REST, pyslurm), one job per node. A single
+    node is always a plain job."""
+    if count > 1 and isinstance(slurm, ArraySubmitter):
+        output = spec.output.replace("%j", "%A_%a") if spec.output else None
+        return guarded_submit(slurm, guard, strays, render(replace(spec, output=output)), tags,
+                              node_type, head, count)
+    script = render(spec)
+    return [job_id for _ in range(count)
+            for job_id in guarded_submit(slurm, guard, strays, script, tags, node_type, head)]

@@ -28,7 +28,7 @@ from typing import Any
 from ray_slurm_provider import headwatch, proc, program
 from ray_slurm_provider.launch_flags import ray_start_argv
 from ray_slurm_provider.node_container import NodeContainer
-from ray_slurm_provider.nodespec import NodeSpec, log, wait_port_free
+from ray_slurm_provider.nodespec import NodeSpec, log, node_id, wait_port_free
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import ClusterDir, read_json, write_json
 
@@ -39,10 +39,12 @@ class Agent:
     def __init__(self, spec: NodeSpec, env: dict[str, str]) -> None:
         self.spec = spec
         self.env = env
-        self.job_id = env["SLURM_JOB_ID"]
+        self.job_id = env["SLURM_JOB_ID"]  # numeric: container names, temp dir, srun
+        self.node_id = node_id(env)  # what the provider lists: the state dir, Ray's instance id
         self.cdir = ClusterDir(spec.state_dir, spec.cluster_name)
-        self.ndir = self.cdir.node(self.job_id)
+        self.ndir = self.cdir.node(self.node_id)
         self.child: Any = None
+        self.head_job: Any = None  # the head's job id this worker joined
         self.terminating = False
         self.interrupted = False
         self.temp_dir = f"{spec.temp_dir_root.rstrip('/')}/rsp-{self.job_id}"
@@ -60,12 +62,25 @@ class Agent:
 
     def on_term(self, signum: int, _frame: Any) -> None:
         self.terminating = True
-        log(f"signal {signum}: stopping Ray (drain up to {self.spec.drain_timeout_s}s)")
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)
+            if self.head_going():
+                # Ray's drain would wait for a GCS that is gone (`ray down`: the head stops
+                # first) until Slurm's SIGKILL; `ray start`'s children share its fate.
+                log(f"signal {signum}: the head is gone; stopping Ray without draining")
+                self.child.kill()
+            else:
+                log(f"signal {signum}: stopping Ray (drain up to {self.spec.drain_timeout_s}s)")
+                self.child.send_signal(signal.SIGTERM)
         if self.container is not None:
             # The container is the daemon's child, not ours: stop it within KillWait.
             self.container.stop_async()
+
+    def head_going(self) -> bool:
+        """A worker outside a container whose head is gone or being cancelled (`ray down`)."""
+        if self.spec.kind != "worker" or self.container is not None:
+            return False
+        head = read_json(self.cdir.head_info) or {}
+        return self.cdir.teardown.exists() or head.get("job_id") != self.head_job
 
     def run_ray(self, argv: list[str], env: dict[str, str], on_started: Any) -> int:
         """Run `ray start --block`; stream its output; call on_started once Ray is up."""
@@ -99,11 +114,12 @@ class Agent:
         if self.spec.kind == "worker" and not head:
             raise RuntimeError(f"no running head found ({self.cdir.head_info} missing)")
         head_ip = ip if head is None else str(head["ip"])
+        self.head_job = head.get("job_id") if head else None
         # Ray's per-node overrides come only from this node's own start request.
         inherited = {k: v for k, v in self.env.items()
                      if k not in ("RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS")}
         argv, env = ray_start_argv(
-            self.spec, prog, env={**inherited, **extra_env}, job_id=self.job_id, node_ip=ip,
+            self.spec, prog, env={**inherited, **extra_env}, job_id=self.node_id, node_ip=ip,
             head_ip=head_ip, temp_dir=self.temp_dir, cluster_dir=self.cdir,
             head_port=int(head["gcs_port"]) if head else None,
         )
@@ -121,7 +137,8 @@ class Agent:
                 "dashboard_port": int(program.get_flag(argv, "--dashboard-port") or 8265),
                 "client_port": int(program.get_flag(argv, "--ray-client-server-port") or 10001),
             })
-        log(f"Ray is up on {ip} (job {self.job_id}, node type {self.spec.node_type})")
+        log(f"Ray is up on {ip} (node {self.node_id}, job {self.job_id}, node type "
+            f"{self.spec.node_type})")
         if self.spec.kind == "head" and self.container is not None \
                 and self.container.cfg.slurm_access == "mount":
             threading.Thread(target=self.container.check_slurm, daemon=True,
@@ -151,7 +168,8 @@ class Agent:
             from ray_slurm_provider.slurm.cli import CliSlurmClient
 
             jobs = CliSlurmClient().list_jobs(f"ray-{self.spec.cluster_name}")
-            return {j.job_id for j in jobs if j.active}
+            # Containers carry the numeric SLURM_JOB_ID (as the site epilog sees it).
+            return {j.numeric_id for j in jobs if j.active}
 
         try:
             self.container.sweep(active)
@@ -292,7 +310,7 @@ class Agent:
         self.ndir.mkdir(parents=True, exist_ok=True)
         write_json(self.ndir / "agent.json", {
             "host": self.env.get("SLURMD_NODENAME", ""), "pid": os.getpid(),
-            "kind": self.spec.kind,
+            "kind": self.spec.kind, "job_id": self.job_id,
         })
         try:
             try:

@@ -10,6 +10,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+def node_id(env: dict[str, str]) -> str:
+    """A job's node id as the provider lists it (squeue %i): `<array>_<task>` for a task of
+    a job array (SLURM_JOB_ID is then the task's own numeric id), else the job id."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+
+
 @dataclass
 class NodeSpec:
     """Everything a job needs to start its Ray node; rendered as JSON into the job script."""

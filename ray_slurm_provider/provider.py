@@ -2,8 +2,9 @@
 
 State model
 -----------
-* A Ray node is a Slurm job; the node id is the job id. Every job of cluster C is named
-  `ray-C`, so ONE `squeue --me --name=ray-C` lists the whole cluster.
+* A Ray node is a Slurm job, or one task of a job array (N nodes of a type in one sbatch);
+  the node id is squeue's %i (`123`, `123_4`). All jobs of cluster C are named `ray-C`:
+  ONE `squeue --me --array --name=ray-C` lists the whole cluster, every task on its own.
 * Slurm is the source of truth for which nodes exist. Creation tags (kind, node type, launch
   hash, launch request) ride in the job comment; tags Ray changes later (node status, runtime
   hashes) live in the cluster directory on the shared filesystem (state.py). Both survive the
@@ -28,16 +29,12 @@ import copy
 import logging
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
     NODE_KIND_WORKER,
-    STATUS_SETTING_UP,
-    STATUS_UNINITIALIZED,
-    STATUS_UP_TO_DATE,
     TAG_RAY_NODE_KIND,
     TAG_RAY_NODE_STATUS,
     TAG_RAY_USER_NODE_TYPE,
@@ -57,22 +54,16 @@ from ray_slurm_provider.launch_guard import (
     SUBMIT_TAG,
     LaunchGuard,
     Strays,
-    guarded_submit,
     last_agent_line,
+    submit_nodes,
 )
+from ray_slurm_provider.listing import NodeRecord, unchanged, worker_status
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
-from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import ClusterDir
 from ray_slurm_provider.walltime import HeadWalltime
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class NodeRecord:
-    job: Job
-    tags: dict[str, str]
 
 
 class SlurmNodeProvider(NodeProvider):
@@ -93,6 +84,7 @@ class SlurmNodeProvider(NodeProvider):
         self.strays = Strays()
         self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
         self._ray_seen: set[str] = set()  # workers whose Ray was seen up
+        self._gen: tuple[str, int] | None = None  # tags and strays as of the last listing
 
     # --- Slurm access ------------------------------------------------------------------
     @property
@@ -124,7 +116,14 @@ class SlurmNodeProvider(NodeProvider):
         jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
         nodes: dict[str, NodeRecord] = {}
         strays = []
+        gen = (self.cluster_dir.tags_generation(), self.strays.generation)  # listing.py
+        prev, self._gen = (self._nodes if gen == self._gen else {}), gen
         for job in jobs:
+            rec = prev.get(job.job_id)
+            if rec is not None and unchanged(rec, job):
+                rec.job = job
+                nodes[job.job_id] = rec
+                continue
             created = decode_tags(job.comment)
             if created is None or not job.active or job.job_id in self._gone:
                 continue
@@ -135,7 +134,8 @@ class SlurmNodeProvider(NodeProvider):
         with self._lock:
             before, self._nodes = self._nodes, nodes
             ids = [i for i, r in nodes.items()
-                   if all(r.tags.get(k) == v for k, v in tag_filters.items())]
+                   if all(r.tags.get(k) == v for k, v in tag_filters.items())
+                   ] if tag_filters else list(nodes)
         self._after_listing(before, nodes, strays)
         return ids
 
@@ -173,21 +173,14 @@ class SlurmNodeProvider(NodeProvider):
     def _tags(self, job: Job, created: dict[str, str]) -> dict[str, str]:
         tags = {**created, **self.cluster_dir.tags(job.job_id)}
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.pcfg.disable_node_updaters:
-            # Once up, a worker's Ray stays up until its job ends (node.py): no need to look
-            # at the shared filesystem again on every tick.
-            if job.job_id in self._ray_seen or self.cluster_dir.ray_up(job.job_id):
-                tags[TAG_RAY_NODE_STATUS] = STATUS_UP_TO_DATE
-                self._ray_seen.add(job.job_id)
+            status, came_up = worker_status(job, self._ray_seen, self.cluster_dir.ray_up)
+            tags[TAG_RAY_NODE_STATUS] = status
+            if came_up:
                 self.guard.ray_started(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
-            elif job.running:
-                tags[TAG_RAY_NODE_STATUS] = STATUS_SETTING_UP
-            else:
-                tags[TAG_RAY_NODE_STATUS] = STATUS_UNINITIALIZED
         return tags
 
     def _record(self, node_id: str) -> NodeRecord | None:
-        with self._lock:
-            return self._nodes.get(node_id)
+        return self._nodes.get(node_id)  # atomic; called per node per tick (no lock)
 
     def is_running(self, node_id: str) -> bool:
         rec = self._record(node_id)
@@ -239,13 +232,14 @@ class SlurmNodeProvider(NodeProvider):
         self.cluster_dir.create()
         if self.pcfg.auth.mode == "token":
             auth.ensure_token(self.cluster_dir.root)
-        script = render(spec)
+        if kind == NODE_KIND_HEAD:
+            self.cluster_dir.teardown.unlink(missing_ok=True)
+        ids = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type,
+                           kind == NODE_KIND_HEAD, count)  # one sbatch (an array) if it can
+        logger.info("Submitted Slurm job(s) %s for %s node(s) of type %s", ", ".join(ids),
+                    kind, node_type)
         created: dict[str, Any] = {}
-        for _ in range(count):
-            job_id = guarded_submit(self.slurm, self.guard, self.strays, script, tags,
-                                    node_type, kind == NODE_KIND_HEAD)
-            logger.info("Submitted Slurm job %s for a %s node of type %s", job_id, kind,
-                        node_type)
+        for job_id in ids:
             job = Job(job_id=job_id, name=spec.job_name, state="PENDING",
                       partition=ncfg.partition or "")
             with self._lock:
@@ -262,6 +256,8 @@ class SlurmNodeProvider(NodeProvider):
         ids = [str(i) for i in node_ids]
         if not ids:
             return None
+        if any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids):
+            self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         self.slurm.cancel(ids)  # one call; jobs already gone are fine; errors raise
         with self._lock:
             for i in ids:

@@ -99,10 +99,9 @@ class SrunCommandRunner(CommandRunnerInterface):
             time.sleep(0.2)
         raise NodeNotReady(self.provider.describe_job(self.node_id))
 
-    def srun_argv(self, shell_cmd: str, pty: bool = False, in_container: bool = False) -> list[
-        str
-    ]:
-        argv = ["srun", f"--jobid={self.node_id}", "--overlap", "--nodes=1", "--ntasks=1",
+    def srun_argv(self, shell_cmd: str, pty: bool = False,
+                  in_container: bool = False) -> list[str]:
+        argv = ["srun", f"--jobid={self.job_id()}", "--overlap", "--nodes=1", "--ntasks=1",
                 "--quiet"]
         if pty:
             argv.append("--pty")
@@ -113,6 +112,11 @@ class SrunCommandRunner(CommandRunnerInterface):
         rt, rctx = ctx
         return [*argv, *rt.step_options(rctx), *rt.exec(rctx, inner, interactive=pty)]
 
+    def job_id(self) -> str:
+        """The numeric id (22.05's srun refuses an array task's `123_4`): agent.json's."""
+        agent = read_json(self.ndir / "agent.json") or {} if "_" in self.node_id else {}
+        return str(agent.get("job_id") or self.node_id)
+
     def container(self) -> tuple[Runtime, RunContext] | None:
         """The runtime and context of this node's container, or None without one."""
         node_type = self.provider.node_tags(self.node_id).get(TAG_RAY_USER_NODE_TYPE, "")
@@ -121,8 +125,8 @@ class SrunCommandRunner(CommandRunnerInterface):
         if ncfg.container.runtime == "none":
             return None
         pcfg = self.provider.pcfg
-        temp_dir = f"{pcfg.temp_dir_root.rstrip('/')}/rsp-{self.node_id}"
-        rctx = RunContext(self.provider.cluster_name, self.node_id, ncfg.container, temp_dir,
+        temp_dir = f"{pcfg.temp_dir_root.rstrip('/')}/rsp-{self.job_id()}"
+        rctx = RunContext(self.provider.cluster_name, self.job_id(), ncfg.container, temp_dir,
                           str(self.cdir.root), drain_timeout_s=pcfg.drain_timeout_s)
         return get_runtime(ncfg.container.runtime), rctx
 

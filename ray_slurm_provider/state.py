@@ -8,8 +8,10 @@ node and the compute nodes share (the user's home on any HPC site):
         auth_token                 0600 Ray token
         ray_bootstrap_config.yaml  the head's autoscaler config (per cluster, not per user)
         head.json                  written by the head agent once Ray is up: ip, ports, job id
-        logs/<job id>.out          every job's output
+        teardown                   the head's job was cancelled: workers skip Ray's drain
+        logs/<job id>.out          every job's output (an array task's id: <array>_<task>)
         nodes/<job id>/tags.json   tags Ray set after creation (ray-node-status, ...)
+        tags.gen                   rewritten with every tags.json: readers skip unchanged ones
         nodes/<job id>/agent.json  the node agent is alive (host, address)
         nodes/<job id>/ray.json    Ray is up on that node
         nodes/<job id>/start.json  `ray up` -> head agent: the start program (handoff)
@@ -57,6 +59,7 @@ class ClusterDir:
         # `tags` and `ray_up` run for every node on every autoscaler tick: plain strings
         # there, pathlib costs more than the system calls (bench/p4_listing_cpu.py).
         self._nodes_dir = os.path.join(self.root, "nodes")
+        self._tags_gen = os.path.join(self.root, "tags.gen")
 
     def create(self) -> None:
         for d in (self.root, self.logs, self.root / "nodes"):
@@ -73,6 +76,18 @@ class ClusterDir:
     @property
     def head_info(self) -> Path:
         return self.root / "head.json"
+
+    @property
+    def teardown(self) -> Path:
+        """Written when the head's job is cancelled (`ray down`): workers that get SIGTERM
+        then stop Ray at once instead of draining towards a GCS that is going away."""
+        return self.root / "teardown"
+
+    def mark_teardown(self) -> None:
+        try:
+            self.teardown.touch()
+        except OSError:
+            pass  # best effort: workers also see head.json go
 
     def log(self, job_id: str) -> Path:
         return self.logs / f"{job_id}.out"
@@ -91,6 +106,16 @@ class ClusterDir:
     def set_tags(self, job_id: str, tags: dict[str, str]) -> None:
         merged = {**self.tags(job_id), **tags}
         write_json(self.node(job_id) / "tags.json", merged)
+        # Readers in other processes re-read the tags files only when this changed.
+        write_json(self.root / "tags.gen", os.urandom(8).hex())
+
+    def tags_generation(self) -> str:
+        """Changes whenever any node's tags.json is written (one small read per tick)."""
+        try:
+            with open(self._tags_gen) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
 
     def ray_up(self, job_id: str) -> bool:
         return os.path.exists(f"{self._nodes_dir}/{job_id}/ray.json")

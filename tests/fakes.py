@@ -29,6 +29,8 @@ from ray_slurm_provider.slurm.parse import parse_duration, parse_gres_gpus
 OUTAGE_MESSAGES = {
     "submit": "sbatch: error: Batch job submission failed: "
               "Unable to contact slurm controller (connect failure)",
+    "submit_array": "sbatch: error: Batch job submission failed: "
+                    "Unable to contact slurm controller (connect failure)",
     "list_jobs": "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
     "cancel": "scancel: error: Kill job error on job id {id}: "
               "Unable to contact slurm controller (connect failure)",
@@ -38,8 +40,8 @@ OUTAGE_MESSAGES = {
 }
 BAD_PARTITION = "sbatch: error: Batch job submission failed: Invalid partition name specified"
 #: The Slurm command behind each method, as the CLI client names it in its errors.
-COMMANDS = {"submit": "sbatch", "list_jobs": "squeue", "cancel": "scancel",
-            "cluster_info": "scontrol", "node_addresses": "scontrol"}
+COMMANDS = {"submit": "sbatch", "submit_array": "sbatch", "list_jobs": "squeue",
+            "cancel": "scancel", "cluster_info": "scontrol", "node_addresses": "scontrol"}
 
 _FINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -114,8 +116,12 @@ class FakeSlurm:
         with self._lock:
             fj = self.jobs[job_id]
             fj.started_at = self.clock.now()
+            numeric = fj.job.slurm_job_id
+            if "_" in job_id:  # an array task starts as a job of its own
+                numeric = str(self._next_id)
+                self._next_id += 1
             fj.job = replace(fj.job, state="RUNNING", reason="", nodes=node, batch_host=node,
-                             start_time=_iso(fj.started_at))
+                             start_time=_iso(fj.started_at), slurm_job_id=numeric)
 
     def finish(self, job_id: str, state: str = "COMPLETED") -> None:
         with self._lock:
@@ -136,23 +142,39 @@ class FakeSlurm:
     def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
         with self._lock:
             self._enter("submit")
-            opts = _sbatch_directives(script)
-            partition = opts.get("partition") or self._default_partition()
-            if partition not in self.partitions:
-                # sbatch prints both lines; the CLI client keeps both.
-                raise classify(f"sbatch: error: invalid partition specified: {partition}\n"
-                               f"{BAD_PARTITION}", "sbatch")
-            limit = opts.get("time")
-            job_id = str(self._next_id)
-            self._next_id += 1
-            now = self.clock.now()
+            return self._queue(script, comment, job_name, None)[0]
+
+    def submit_array(self, script: str, count: int, *, comment: str = "",
+                     job_name: str = "") -> list[str]:
+        """`sbatch --array=0-<count-1>`: tasks `<array id>_<i>`, which share the array's
+        numeric id until `start()` gives each its own (as Slurm splits a task off)."""
+        if count < 1:
+            raise ValueError(f"an array needs at least one task, got {count}")
+        with self._lock:
+            self._enter("submit_array")
+            return self._queue(script, comment, job_name, count)
+
+    def _queue(self, script: str, comment: str, job_name: str, tasks: int | None) -> list[str]:
+        opts = _sbatch_directives(script)
+        partition = opts.get("partition") or self._default_partition()
+        if partition not in self.partitions:
+            # sbatch prints both lines; the CLI client keeps both.
+            raise classify(f"sbatch: error: invalid partition specified: {partition}\n"
+                           f"{BAD_PARTITION}", "sbatch")
+        limit = opts.get("time")
+        numeric = str(self._next_id)
+        self._next_id += 1
+        now = self.clock.now()
+        ids = [numeric] if tasks is None else [f"{numeric}_{i}" for i in range(tasks)]
+        for job_id in ids:
             job = Job(job_id=job_id, name=job_name or opts.get("job-name", "sbatch"),
                       state="PENDING", reason="", partition=partition, comment=comment,
                       time_limit_s=parse_duration(limit) if limit else
-                      self._part_limit(partition), submit_time=_iso(now))
+                      self._part_limit(partition), submit_time=_iso(now),
+                      slurm_job_id=numeric)
             self.jobs[job_id] = FakeJob(job, script, now, extra=opts)
-            self.submitted_scripts.append(script)
-            return job_id
+        self.submitted_scripts.append(script)
+        return ids
 
     def list_jobs(self, job_name: str) -> list[Job]:
         with self._lock:
@@ -169,9 +191,12 @@ class FakeSlurm:
             self._enter("cancel", ids[0])
             self.cancelled.append(ids)
             for j in ids:
-                fj = self.jobs.get(j)
-                if fj is not None and fj.job.state not in _FINAL:
-                    fj.job = replace(fj.job, state="CANCELLED", reason="")
+                # `123` is a plain job or a whole array; `123_4` one task of an array.
+                hits = [self.jobs[j]] if j in self.jobs else [
+                    fj for k, fj in self.jobs.items() if k.partition("_")[0] == j]
+                for fj in hits:
+                    if fj.job.state not in _FINAL:
+                        fj.job = replace(fj.job, state="CANCELLED", reason="")
 
     def cluster_info(self) -> ClusterInfo:
         with self._lock:

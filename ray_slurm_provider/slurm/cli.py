@@ -59,6 +59,7 @@ class CliSlurmClient:
         self._addr_lock = threading.Lock()  # guards _addrs
         self._fetch_lock = threading.Lock()  # one node-table fetch at a time
         self._addrs: dict[str, str] = {}
+        self._listing = threading.local()  # a SqueueCache per calling thread
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -99,9 +100,24 @@ class CliSlurmClient:
         A timeout raises TransientSlurmError although the job may have been queued; callers
         find such jobs again by name with `list_jobs`.
         """
+        return self._sbatch(script, [], comment, job_name)
+
+    def submit_array(self, script: str, count: int, *, comment: str = "",
+                     job_name: str = "") -> list[str]:
+        """ONE `sbatch --array=0-<count-1>`: `count` jobs in one controller RPC.
+
+        Returns the task ids `<array id>_<task>`, the ids squeue (%i), scancel and the job's
+        own SLURM_ARRAY_JOB_ID/SLURM_ARRAY_TASK_ID agree on. Timeouts: as `submit`.
+        """
+        if count < 1:
+            raise ValueError(f"an array needs at least one task, got {count}")
+        array_id = self._sbatch(script, [f"--array=0-{count - 1}"], comment, job_name)
+        return [f"{array_id}_{i}" for i in range(count)]
+
+    def _sbatch(self, script: str, extra: list[str], comment: str, job_name: str) -> str:
         if "\n" in comment or "\n" in job_name:
             raise ValueError("job name and comment must be one line (squeue prints one per job)")
-        args = ["--parsable"]
+        args = ["--parsable", *extra]
         if job_name:
             args.append(f"--job-name={job_name}")
         if comment:
@@ -113,21 +129,29 @@ class CliSlurmClient:
             raise PermanentSlurmError(str(e), command="sbatch") from e
 
     def list_jobs(self, job_name: str) -> list[Job]:
-        """This user's jobs named `job_name` in active states (plus COMPLETING); one squeue."""
+        """This user's jobs named `job_name` in active states (plus COMPLETING); one squeue.
+
+        `--array`: every array task on its own line, pending ones too (without it squeue
+        folds the pending tasks of an array into one `123_[4-7]` line).
+        """
         if not job_name or "," in job_name:
             raise ValueError(f"job name must be non-empty and without commas: {job_name!r}")
         out = self._run("squeue", [
-            "--me", "--noheader", f"--name={job_name}", f"--states={LIST_STATES}",
+            "--me", "--array", "--noheader", f"--name={job_name}", f"--states={LIST_STATES}",
             f"--format={parse.SQUEUE_FORMAT}",
         ])
         with self._addr_lock:
             cached = self._addrs  # replaced, never mutated: safe to read after the lock
         try:
-            jobs = parse.parse_squeue(out, cached)
+            cache = getattr(self._listing, "cache", None)
+            if cache is None:
+                cache = self._listing.cache = parse.SqueueCache()
+            jobs = cache.parse(out, cached)
         except ValueError as e:
             raise PermanentSlurmError(f"cannot parse squeue output: {e}", command="squeue") from e
-        # Addresses came from the cached node table; fetch it only for a host not in it yet.
-        missing = {j.batch_host for j in jobs if j.batch_host and j.batch_host not in cached}
+        # Addresses came from the cached node table; fetch it only for a host not in it yet
+        # (jobs the cache kept were looked up in this same table when first parsed).
+        missing = {j.batch_host for j in cache.fresh if j.batch_host and j.batch_host not in cached}
         if not missing:
             return jobs
         addrs = self._addresses_for(missing)

@@ -37,7 +37,9 @@ class PermanentSlurmError(SlurmError):
 
 @dataclass(frozen=True)
 class Job:
-    """One Slurm job as the provider needs to see it."""
+    """One Slurm job as the provider needs to see it. The CLI client hands out the same
+    object for an unchanged job on every listing and refreshes its `time_left_s` in place
+    (parse.SqueueCache); every other field is fixed."""
 
     job_id: str
     name: str
@@ -52,6 +54,16 @@ class Job:
     start_time: str = ""
     partition: str = ""
     comment: str = ""
+    #: The numeric job id Slurm gives each job (SLURM_JOB_ID inside it; squeue %A). For a
+    #: plain job it equals `job_id`. An array task's `job_id` is `<array id>_<task>` (stable
+    #: for its whole life, the node id); its numeric id is its own once Slurm starts it, and
+    #: the array's id while it is pending. "" when the back end does not report it.
+    slurm_job_id: str = ""
+
+    @property
+    def numeric_id(self) -> str:
+        """The id `srun --jobid` and SLURM_JOB_ID use (22.05's srun refuses `123_4`)."""
+        return self.slurm_job_id or self.job_id
 
     @property
     def active(self) -> bool:
@@ -120,6 +132,16 @@ class SlurmClient(Protocol):
 
     def node_addresses(self) -> Mapping[str, str]:
         """Node name -> NodeAddr for every node."""
+        ...
+
+
+@runtime_checkable
+class ArraySubmitter(Protocol):
+    """A back end that submits N identical jobs as ONE Slurm job array (one RPC)."""
+
+    def submit_array(self, script: str, count: int, *, comment: str = "",
+                     job_name: str = "") -> list[str]:
+        """Submit `script` as array tasks 0..count-1; return their ids `<array id>_<task>`."""
         ...
 
 

@@ -172,8 +172,8 @@ def test_job_comment_is_one_argv_word_and_reads_back(tags: dict[str, str]) -> No
     assert "\n" not in comment and "\r" not in comment and DELIM not in comment
     assert comment.isascii() and comment.isprintable()
     assert decode_tags(comment) == tags
-    fields = ["12", "ray-c", "RUNNING", "None", "n1", "n1", "UNLIMITED", "UNLIMITED",
-              "2026-01-01T00:00:00", "2026-01-01T00:00:01", "cpu", comment]
+    fields = ["UNLIMITED", "12", "ray-c", "RUNNING", "None", "n1", "n1", "UNLIMITED",
+              "2026-01-01T00:00:00", "2026-01-01T00:00:01", "cpu", "12", comment]
     assert len(fields) == len(SQUEUE_FIELDS)
     line = DELIM.join(fields)
     (job,) = parse_squeue(line)

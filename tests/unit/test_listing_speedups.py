@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from bench.common import TICK_MARK, is_query, monitor_ticks
@@ -74,3 +75,70 @@ def test_sdiag_query_rpcs_and_monitor_ticks(tmp_path: Path) -> None:
                    f"2026-11-30 01:20:30,355\tWARNING util.py:279 -- {TICK_MARK}. x\n")
     ticks = monitor_ticks(log)
     assert len(ticks) == 2 and round(ticks[1] - ticks[0], 3) == 5.084
+
+
+# --- incremental listing (P4, second round) ------------------------------------------------
+
+
+def test_squeue_cache_matches_the_full_parser_across_listings() -> None:
+    from bench.p4_listing_cpu import squeue_output as listing
+
+    cache = parse.SqueueCache()
+    addrs = {f"n{k}": f"10.0.0.{k}" for k in range(1, 1001)}
+    first = cache.parse(listing(50, 0), addrs)
+    assert first == parse.parse_squeue(listing(50, 0), addrs) and len(cache.fresh) == 50
+    # The time left changed for every running job: same objects, refreshed, nothing reparsed.
+    second = cache.parse(listing(50, 1), addrs)
+    assert second == parse.parse_squeue(listing(50, 1), addrs) and cache.fresh == []
+    assert all(a is b for a, b in zip(first, second, strict=True))
+    # A job that changed state is parsed anew; a job that left is forgotten.
+    lines = listing(50, 1).splitlines()
+    lines[3] = lines[3].replace("RUNNING", "COMPLETING")
+    third = cache.parse("\n".join(lines[:-1]) + "\n", addrs)
+    assert [j.job_id for j in cache.fresh] == [third[3].job_id] and not third[3].active
+    assert len(third) == 49
+    # A new node table: addresses may have changed, so everything is parsed again.
+    cache.parse(listing(50, 1), dict(addrs))
+    assert len(cache.fresh) == 50
+
+
+def _provider(tmp_path: Path) -> tuple[Any, Any]:
+    from tests.fakes import FakeSlurm
+    from tests.unit.test_provider import WORKER_TAGS, make
+
+    p, f = make(tmp_path)
+    ids = list(p.create_node({}, WORKER_TAGS, 3))
+    for i in ids:
+        f.start(i)
+    assert isinstance(f, FakeSlurm)
+    return p, f
+
+
+def test_kept_records_still_see_tags_written_elsewhere(tmp_path: Path) -> None:
+    p, _ = _provider(tmp_path)
+    ids = p.non_terminated_nodes({})
+    p.non_terminated_nodes({})
+    # Another process (`ray up`, the head) writes a node's tags: seen on the next tick.
+    ClusterDir(p.pcfg.state_dir, "c1").set_tags(ids[0], {"extra": "1"})
+    p.non_terminated_nodes({})
+    assert p.node_tags(ids[0])["extra"] == "1"
+
+
+def test_kept_records_still_see_ray_come_up_and_state_change(tmp_path: Path) -> None:
+    p, f = _provider(tmp_path)
+    ids = p.non_terminated_nodes({})
+    assert {p.node_tags(i)["ray-node-status"] for i in ids} == {"setting-up"}
+    write_json(p.cluster_dir.node(ids[1]) / "ray.json", {"ip": "x"})
+    p.non_terminated_nodes({})
+    assert p.node_tags(ids[1])["ray-node-status"] == "up-to-date"
+    f.finish(ids[2])
+    assert ids[2] not in p.non_terminated_nodes({})
+
+
+def test_kept_records_still_cancel_a_late_stray(tmp_path: Path) -> None:
+    p, f = _provider(tmp_path)
+    ids = p.non_terminated_nodes({})
+    nonce = decode_tags(f.job(ids[0]).comment)["ray-slurm-submit"]  # type: ignore[index]
+    p.strays.add(nonce)  # its submission was reported failed after it was listed
+    assert p.non_terminated_nodes({}) == []  # the whole array shares the nonce
+    assert f.cancelled == [sorted(ids)]

@@ -154,6 +154,7 @@ def test_parse_squeue_synthetic_edge_cases() -> None:
     out = "\n".join(
         [
             line(
+                "UNLIMITED",
                 "7",
                 "ray-x",
                 "PENDING",
@@ -161,13 +162,14 @@ def test_parse_squeue_synthetic_edge_cases() -> None:
                 "",
                 "n/a",
                 "UNLIMITED",
-                "UNLIMITED",
                 "2026-11-29T10:00:00",
                 "N/A",
                 "cpu",
+                "7",
                 comment,
             ),
             line(
+                "59:30",
                 "8",
                 "ray-x",
                 "RUNNING",
@@ -175,10 +177,10 @@ def test_parse_squeue_synthetic_edge_cases() -> None:
                 "n2",
                 "n2",
                 "1:00:00",
-                "59:30",
                 "2026-11-29T10:00:00",
                 "2026-11-29T10:00:01",
                 "gpu",
+                "8",
                 "(null)",
             ),
             "",
@@ -201,8 +203,8 @@ def test_parse_squeue_synthetic_edge_cases() -> None:
     [
         "garbage line",
         line("7", "x", "PENDING"),
-        line("", *["x"] * 11),
-        line("7", "x", "RUNNING", "None", "n1", "n1", "soon", "1:00", "t", "t", "cpu", ""),
+        line("", *["x"] * 12),
+        line("1:00", "7", "x", "RUNNING", "None", "n1", "n1", "soon", "t", "t", "cpu", "7", ""),
     ],
 )
 def test_parse_squeue_rejects_bad_lines(bad: str) -> None:

@@ -182,11 +182,12 @@ def test_list_jobs_one_squeue_then_cached_addresses(fake: FakeRun) -> None:
     jobs = {j.reason or j.state: j for j in client.list_jobs("rsp-record")}
     assert fake.commands() == ["squeue", "scontrol show node"]
     argv = fake.calls[0].argv
-    assert argv[:4] == ["squeue", "--me", "--noheader", "--name=rsp-record"]
-    states = set(argv[4].removeprefix("--states=").split(","))
+    # --array: every task of a job array on its own line, pending ones too.
+    assert argv[:5] == ["squeue", "--me", "--array", "--noheader", "--name=rsp-record"]
+    states = set(argv[5].removeprefix("--states=").split(","))
     assert states == ACTIVE_STATES | {"COMPLETING"}
-    assert argv[5] == f"--format={SQUEUE_FORMAT}" and DELIM in argv[5] and len(argv) == 6
-    assert argv[5].endswith("%k")  # free-text comment last
+    assert argv[6] == f"--format={SQUEUE_FORMAT}" and DELIM in argv[6] and len(argv) == 7
+    assert argv[6].endswith("%A" + DELIM + "%k")  # numeric id, then the free-text comment
     assert fake.calls[0].env["SLURM_TIME_FORMAT"] == "standard"
 
     assert (jobs["RUNNING"].batch_host, jobs["RUNNING"].node_addr) == ("n2", "127.0.0.3")

@@ -1,0 +1,217 @@
+"""Job arrays (bench P5): N nodes of one type in ONE sbatch, each task its own Ray node.
+
+Parsers against real Slurm 22.05 output (tests/fixtures/slurm-22.05/*array*), the CLI client
+with `proc.run` replaced, and the provider, agent and runner against FakeSlurm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ray_slurm_provider.nodespec import NodeSpec, node_id
+from ray_slurm_provider.runner import SrunCommandRunner
+from ray_slurm_provider.slurm import parse
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.client import ArraySubmitter, ClusterInfo, Job
+from ray_slurm_provider.state import write_json
+from tests.fakes import FakeSlurm
+from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
+from tests.unit.test_slurm_cli import FakeRun, recorded
+
+# --- parsing real output -------------------------------------------------------------------
+
+
+def test_parse_recorded_array_every_task_on_its_own_line() -> None:
+    (array_id,) = recorded("sbatch_array")[0].split()
+    jobs = {j.job_id: j for j in parse.parse_squeue(recorded("squeue_array")[0])}
+    assert set(jobs) == {f"{array_id}_{i}" for i in range(4)}
+    running = [j for j in jobs.values() if j.running]
+    pending = [j for j in jobs.values() if j.state == "PENDING"]
+    assert len(running) == 2 and len(pending) == 2
+    # Pending tasks share the array's numeric id; running ones got their own.
+    assert {j.slurm_job_id for j in pending} == {array_id}
+    assert len({j.slurm_job_id for j in running} | {array_id}) == 3
+    assert all(j.numeric_id.isdigit() for j in jobs.values())
+    assert {j.comment for j in jobs.values()} == {'{"cluster": "c1"}'}
+
+
+def test_parse_recorded_array_after_cancelling_one_running_and_one_pending_task() -> None:
+    (array_id,) = recorded("sbatch_array")[0].split()
+    assert recorded("scancel_array_tasks") == ("", "", 0)
+    jobs = parse.parse_squeue(recorded("squeue_array_after_cancel")[0])
+    assert sorted(j.job_id for j in jobs) == [f"{array_id}_1", f"{array_id}_2"]
+    # The last task Slurm splits off keeps the array's own id.
+    assert {j.slurm_job_id for j in jobs if j.job_id == f"{array_id}_2"} == {array_id}
+
+
+def test_without_array_flag_squeue_folds_pending_tasks() -> None:
+    """Why the client passes --array: otherwise pending tasks are one `A_[2-3]` line."""
+    ids = [j.job_id for j in parse.parse_squeue(recorded("squeue_array_folded")[0])]
+    assert len(ids) == 3 and any("[" in i for i in ids)
+
+
+def test_plain_job_numeric_id_is_its_job_id() -> None:
+    for j in parse.parse_squeue(recorded("squeue_jobs")[0]):
+        assert j.slurm_job_id == j.job_id == j.numeric_id
+
+
+# --- the CLI client ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRun:
+    from ray_slurm_provider import proc
+
+    f = FakeRun()
+    monkeypatch.setattr(proc, "run", f)
+    return f
+
+
+def test_cli_submit_array_is_one_sbatch(fake: FakeRun) -> None:
+    fake.set("sbatch", "sbatch_array")
+    (array_id,) = recorded("sbatch_array")[0].split()
+    client = CliSlurmClient(env={"PATH": "/bin"})
+    assert isinstance(client, ArraySubmitter)
+    ids = client.submit_array("#!/bin/sh\n", 3, comment="c", job_name="ray-x")
+    assert ids == [f"{array_id}_0", f"{array_id}_1", f"{array_id}_2"]
+    (call,) = fake.calls
+    assert call.argv == ["sbatch", "--parsable", "--array=0-2", "--job-name=ray-x",
+                         "--comment=c"]
+    with pytest.raises(ValueError):
+        client.submit_array("#!/bin/sh\n", 0)
+
+
+def test_cli_cancel_takes_task_ids(fake: FakeRun) -> None:
+    fake.set("scancel", "scancel_array_tasks")
+    CliSlurmClient().cancel(["7_3", "7_0"])
+    assert fake.calls[0].argv == ["scancel", "7_0", "7_3"]
+
+
+# --- FakeSlurm models arrays as Slurm does ---------------------------------------------------
+
+
+def test_fake_slurm_arrays() -> None:
+    f = FakeSlurm()
+    ids = f.submit_array("#!/bin/sh\n", 3, comment="x", job_name="ray-c")
+    assert ids == ["1000_0", "1000_1", "1000_2"] and f.calls["submit_array"] == 1
+    assert {j.numeric_id for j in f.list_jobs("ray-c")} == {"1000"}
+    f.start("1000_1")
+    assert f.job("1000_1").numeric_id not in ("1000", "")
+    f.cancel(["1000_0"])
+    assert [j.job_id for j in f.list_jobs("ray-c")] == ["1000_1", "1000_2"]
+    f.cancel(["1000"])  # the whole array
+    assert f.list_jobs("ray-c") == []
+
+
+# --- the provider --------------------------------------------------------------------------
+
+
+def test_burst_is_one_array_submit_and_every_task_a_node(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    created = list(p.create_node({}, WORKER_TAGS, 4))
+    assert f.calls["submit_array"] == 1 and f.calls["submit"] == 0
+    assert created == [f"1000_{i}" for i in range(4)]
+    # Listed at once, before Slurm is asked; then from squeue, task by task.
+    assert p.non_terminated_nodes({}) == created
+    assert all(p.node_tags(i) == WORKER_TAGS for i in created)
+    f.start("1000_2", "n2")
+    assert sorted(p.non_terminated_nodes({})) == created
+    assert p.is_running("1000_2") and p.internal_ip("1000_2") == "127.0.0.3"
+    assert not p.is_running("1000_0")
+    # Every task logs to its own file, named by its node id.
+    (script,) = f.submitted_scripts
+    assert "/c1/logs/%A_%a.out" in script and "%j" not in script
+    p.terminate_node("1000_2")
+    assert f.cancelled == [["1000_2"]]
+    assert sorted(p.non_terminated_nodes({})) == ["1000_0", "1000_1", "1000_3"]
+
+
+def test_single_node_is_a_plain_job(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    (job_id,) = p.create_node({}, WORKER_TAGS, 1)
+    assert job_id == "1000" and f.calls["submit"] == 1 and f.calls["submit_array"] == 0
+    assert "%j.out" in f.submitted_scripts[0]
+
+
+class NoArrays:
+    """A back end without arrays (REST, pyslurm): FakeSlurm minus submit_array."""
+
+    def __init__(self) -> None:
+        self.fake = FakeSlurm()
+
+    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
+        return self.fake.submit(script, comment=comment, job_name=job_name)
+
+    def list_jobs(self, job_name: str) -> list[Job]:
+        return self.fake.list_jobs(job_name)
+
+    def cancel(self, job_ids: Any) -> None:
+        self.fake.cancel(job_ids)
+
+    def cluster_info(self) -> ClusterInfo:
+        return self.fake.cluster_info()
+
+    def node_addresses(self) -> Any:
+        return self.fake.node_addresses()
+
+
+def test_back_end_without_arrays_submits_one_job_per_node(tmp_path: Path) -> None:
+    p, _ = make(tmp_path)
+    client = NoArrays()
+    p._client = client  # type: ignore[assignment]
+    created = list(p.create_node({}, WORKER_TAGS, 3))
+    assert created == ["1000", "1001", "1002"] and client.fake.calls["submit"] == 3
+
+
+def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
+    """A lost answer to the one sbatch: the whole array is cancelled when it shows up."""
+    from ray.autoscaler.node_launch_exception import NodeLaunchException
+
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    p, f = make(tmp_path)
+    f.fail_next("submit_array", TransientSlurmError("sbatch: timed out"))
+    with pytest.raises(NodeLaunchException):
+        p.create_node({}, WORKER_TAGS, 2)
+    # It was queued after all (the fake raised first, so queue one with that nonce by hand).
+    nonce = next(iter(p.strays._failed))
+    from ray_slurm_provider.jobs import encode_tags
+    from ray_slurm_provider.launch_guard import SUBMIT_TAG
+
+    ids = f.submit_array("#!/bin/sh\n", 2, comment=encode_tags({**WORKER_TAGS,
+                                                              SUBMIT_TAG: nonce}),
+                         job_name="ray-c1")
+    assert p.non_terminated_nodes({}) == []
+    assert f.cancelled == [sorted(ids)]
+
+
+# --- agent and runner agree on the node id -------------------------------------------------
+
+
+def test_agent_node_id_from_slurm_environment(tmp_path: Path) -> None:
+    from ray_slurm_provider.node import Agent
+
+    assert node_id({"SLURM_JOB_ID": "12"}) == "12"
+    env = {"SLURM_JOB_ID": "15", "SLURM_ARRAY_JOB_ID": "11", "SLURM_ARRAY_TASK_ID": "3"}
+    assert node_id(env) == "11_3"
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
+    a = Agent(spec, {**env, "HOME": str(tmp_path)})
+    assert a.ndir == a.cdir.node("11_3")  # what the provider lists
+    assert a.job_id == "15" and a.temp_dir.endswith("/rsp-15")  # numeric, as containers
+
+
+def test_runner_sruns_into_the_task_by_its_numeric_id(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    p.create_node({}, WORKER_TAGS, 2)
+    f.start("1000_1")
+    p.non_terminated_nodes({})
+    r = SrunCommandRunner(p, "1000_1")
+    write_json(r.ndir / "agent.json", {"host": "n1", "pid": 1, "kind": "worker",
+                                       "job_id": "1003"})
+    assert "--jobid=1003" in r.srun_argv("true")
+    (hid,) = p.create_node({}, HEAD_TAGS, 1)
+    assert f"--jobid={hid}" in SrunCommandRunner(p, hid).srun_argv("true")
