@@ -24,7 +24,8 @@ PASS_PREFIXES = ("RAY_", "NCCL_", "FI_", "UCX_", "OMP_", "PYTHON")
 #: The runtime's own socket variables too: the head's autoscaler submits worker jobs from
 #: inside its container, and those jobs must reach the same container engine.
 PASS_NAMES = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT", "SLURM_JOB_ID",
-              "SLURM_CONF", "HOME", "USER", "DOCKER_HOST", "CONTAINER_HOST")
+              "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_CONF", "HOME", "USER",
+              "DOCKER_HOST", "CONTAINER_HOST")
 
 Log = Callable[[str], None]
 

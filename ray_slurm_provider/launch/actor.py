@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -66,7 +66,7 @@ class RankWorker:
         return {"slot": self.slot, "bundle": self.bundle, "node_ip": self.node_ip,
                 "node_id": self.node_id, "gpu_ids": self.gpu_ids,
                 "hostname": socket.gethostname(), "pid": os.getpid(),
-                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+                "slurm_job_id": _slurm_job(os.environ),
                 "ray_cvd": self.cvd_at_start}
 
     def probe_port(self) -> int:
@@ -117,3 +117,10 @@ class RankWorker:
         else:
             p = self.ctx.poll()
         return asdict(p)
+
+
+def _slurm_job(env: Mapping[str, str]) -> str:
+    """The rank's Slurm job as squeue and the provider name it: `<array>_<task>` for a task of
+    a job array (its SLURM_JOB_ID is then another number), else SLURM_JOB_ID."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else env.get("SLURM_JOB_ID", "")

@@ -6,13 +6,19 @@ ends; results are printed as one `TAG json` line.
 
 OUTAGE = """
 import json, os, time, ray
-ray.init()
+ray.init(log_to_driver=False)
+
+def job_id():  # as squeue and the provider name the node: <array>_<task> for an array task
+    e = os.environ
+    if e.get("SLURM_ARRAY_TASK_ID"):
+        return e["SLURM_ARRAY_JOB_ID"] + "_" + e["SLURM_ARRAY_TASK_ID"]
+    return e.get("SLURM_JOB_ID")
 
 @ray.remote(num_cpus=1, max_retries=3)
 def hold(i, stop):
     while not os.path.exists(stop):
         time.sleep(0.5)
-    return i, os.environ.get("SLURM_JOB_ID")
+    return i, job_id()
 
 first = hold.remote(0, {stop!r})
 while not os.path.exists({more!r}):
@@ -21,10 +27,17 @@ second = hold.remote(1, {stop!r})  # new demand while slurmctld is down
 print("OUTAGE_RESULT", json.dumps(sorted(ray.get([first, second]))), flush=True)
 """
 
-# Tasks with retries and an actor with restarts keep two workers busy until `stop` exists.
+# Tasks with retries and an actor with restarts, with a backlog larger than the two workers
+# (`max_workers: 2`) can take, so demand always remains, until `stop` exists.
 LOST = """
 import json, os, time, ray
-ray.init()
+ray.init(log_to_driver=False)
+
+def job_id():  # as squeue and the provider name the node: <array>_<task> for an array task
+    e = os.environ
+    if e.get("SLURM_ARRAY_TASK_ID"):
+        return e["SLURM_ARRAY_JOB_ID"] + "_" + e["SLURM_ARRAY_TASK_ID"]
+    return e.get("SLURM_JOB_ID")
 
 @ray.remote(num_cpus=0.5, max_retries=5)
 def work(i):
@@ -37,32 +50,47 @@ class Counter:
         self.n = 0
     def add(self):
         self.n += 1
-        time.sleep(1)
+        time.sleep(0.5)
         return self.n
 
 c = Counter.remote()
-i, calls, restarts, last = 0, 0, 0, 0
-while not os.path.exists({stop!r}):
-    refs = [work.remote(i + k) for k in range(3)]
-    n = ray.get(c.add.remote())
-    restarts += n <= last
-    last, calls = n, calls + 1
-    assert sorted(ray.get(refs)) == [i, i + 1, i + 2]
-    i += 3
-    print("LOST_PROGRESS", i, calls, restarts, flush=True)
-print("LOST_RESULT", json.dumps({{"tasks": i, "calls": calls, "restarts": restarts}}),
+call = c.add.remote()
+pending, done, started = {{}}, set(), 0
+calls, restarts, last = 0, 0, 0
+while not os.path.exists({stop!r}) or pending:
+    while len(pending) < 8 and not os.path.exists({stop!r}):
+        pending[work.remote(started)] = started
+        started += 1
+    ready, _ = ray.wait([call, *pending], num_returns=1, timeout=1.0)
+    for ref in ready:
+        if ref == call:
+            n = ray.get(ref)
+            restarts += n <= last
+            last, calls = n, calls + 1
+            call = c.add.remote()
+        else:
+            done.add(ray.get(ref))
+            del pending[ref]
+assert done == set(range(started)), sorted(set(range(started)) - done)
+print("LOST_RESULT", json.dumps({{"tasks": started, "calls": calls, "restarts": restarts}}),
       flush=True)
 """
 
 # Sequential 5-second steps on the short-lived node type, for `seconds` after the first.
 WALLTIME = """
 import json, os, time, ray
-ray.init()
+ray.init(log_to_driver=False)
+
+def job_id():  # as squeue and the provider name the node: <array>_<task> for an array task
+    e = os.environ
+    if e.get("SLURM_ARRAY_TASK_ID"):
+        return e["SLURM_ARRAY_JOB_ID"] + "_" + e["SLURM_ARRAY_TASK_ID"]
+    return e.get("SLURM_JOB_ID")
 
 @ray.remote(num_cpus=0, resources={{"short": 1}}, max_retries=5)
 def step(i):
     time.sleep(5)
-    return i, os.environ.get("SLURM_JOB_ID")
+    return i, job_id()
 
 out = [ray.get(step.remote(0))]  # the node may queue for a while on a busy cluster
 t0 = time.time()
@@ -75,14 +103,14 @@ print("WALL_RESULT", json.dumps({{"ids": [i for i, _ in out],
 # Demand for a node type whose jobs Slurm refuses: waits forever (stopped by the test).
 BAD = """
 import ray
-ray.init()
+ray.init(log_to_driver=False)
 ray.get(ray.remote(num_cpus=0, resources={"bad": 1})(lambda: 1).remote())
 """
 
 # Two busy workers, for the head-gone test.
 TWO = """
 import time, ray
-ray.init()
+ray.init(log_to_driver=False)
 f = ray.remote(num_cpus=1)(lambda: time.sleep(3600))
 ray.get([f.remote(), f.remote()])
 """

@@ -42,7 +42,7 @@ def workers(cluster: RayCluster, ntype: str, *, ray_up: bool = False) -> list[Jo
     out = [j for j in jobs(cluster) if j.active and node_type(j) == ntype]
     if ray_up:
         out = [j for j in out if j.running and cluster.cdir.ray_up(j.job_id)]
-    return sorted(out, key=lambda j: int(j.job_id))
+    return sorted(out, key=lambda j: [int(x) for x in j.job_id.split("_")])
 
 
 def show_job(job_id: str) -> dict[str, str]:
@@ -85,7 +85,7 @@ def pids_with(*needles: str) -> list[int]:
     return out
 
 
-def raylet_pid(job_id: str) -> int:
+def raylet_pid(job_id: str) -> int:  # the numeric id (Job.numeric_id)
     """The raylet of exactly this job (its temp dir is /tmp/rsp-<job id>)."""
     (pid,) = [p for p in pids_with("raylet/raylet", f"/rsp-{job_id}/")
               if Path(f"/proc/{p}/exe").resolve().name == "raylet"]
@@ -169,9 +169,13 @@ def ticks(log: Path, t0: float, t1: float) -> int:
     return len([t for t, _ in log_lines(log, t0, TICK_LINE) if t0 < t <= t1])
 
 
+#: The provider's log line for one submission (one sbatch: a job, or an array of tasks).
+SUBMITTED = r"Submitted Slurm job\(?s?\)? "
+
+
 def submit_logged_at(log: Path, job_id: str) -> float:
     """When the head's provider logged submitting `job_id` (ms resolution)."""
-    (t, _), *_ = log_lines(log, 0, rf"Submitted Slurm job {job_id} ")
+    (t, _), *_ = log_lines(log, 0, SUBMITTED + rf"(?:[\d_]+, )*{job_id}\b")
     return t
 
 
@@ -206,6 +210,11 @@ class Driver:
 
     def logs(self) -> str:
         return str(self._call("GET", f"/api/jobs/{self.sid}/logs")["logs"])
+
+    def why(self) -> str:
+        """Ray's message for the job and the end of its output (for assertion messages)."""
+        info = self._call("GET", f"/api/jobs/{self.sid}")
+        return f"{info.get('status')}: {info.get('message')}\n{self.logs()[-3000:]}"
 
     def result(self, tag: str) -> str:
         line = next((x for x in self.logs().splitlines() if x.startswith(tag + " ")), None)

@@ -200,12 +200,12 @@ def test_lost_workers_are_replaced_and_work_completes(cluster: RayCluster,
         scontrol_node(victim.batch_host, "state=resume")
 
     victim = wait_for(two_up, 480, "two busy workers")[0]
-    pid = raylet_pid(victim.job_id)  # this job's raylet, by pid
+    pid = raylet_pid(victim.numeric_id)  # this job's raylet, by pid
     out["raylet killed"] = _replace(cluster, victim.job_id, lambda: os.kill(pid, signal.SIGKILL))
     wait_for(two_up, 480, "two busy workers")
     stop_f.touch()
     wait_for(d.done, 300, "the driver")
-    assert d.status() == "SUCCEEDED", d.logs()[-3000:]
+    assert d.status() == "SUCCEEDED", d.why()
     result = json.loads(d.result("LOST_RESULT"))
     FIGURES["lost workers"] = {**out, "driver": result}
     assert result["tasks"] > 0 and result["calls"] > 0
@@ -284,9 +284,9 @@ def test_head_time_left_warns_and_extends(cluster: RayCluster) -> None:
 def test_walltime_drains_and_replaces_without_losing_tasks(cluster: RayCluster) -> None:
     d: Driver = STATE["wall"]
     wait_for(d.done, 600, "the walltime driver", every=2)
-    assert d.status() == "SUCCEEDED", d.logs()[-3000:]
+    assert d.status() == "SUCCEEDED", d.why()
     res = json.loads(d.result("WALL_RESULT"))
-    res["jobs"].sort(key=int)
+    res["jobs"].sort(key=lambda j: [int(x) for x in j.split("_")])
     assert res["ids"] == list(range(len(res["ids"])))  # every step ran, in order
     assert len(res["jobs"]) >= 2, res  # the first node left, a replacement took over
     first = show_job(res["jobs"][0])
@@ -308,7 +308,7 @@ def test_head_gone_ends_every_worker(cluster: RayCluster) -> None:
         return up if len(up) >= 2 else []
 
     watched, frozen = wait_for(two_up, 300, "two workers")[:2]
-    frozen_raylet = raylet_pid(frozen.job_id)
+    frozen_raylet = raylet_pid(frozen.numeric_id)
     frozen_agent = agent_pid(cluster, frozen.job_id)
     stop(frozen_agent)  # shows what Ray alone does, without the agent's head watch
     head = cluster.head()["job_id"]
