@@ -32,14 +32,5 @@ sinfo -N -o '%N %P %T %c %m %G'
 
 echo "== pytest"
 # Under CI a skipped test fails (tests/conftest.py), so "all passed" means all ran.
-# Not yet run here: the end-to-end suites of the open hardening and Megatron issues, which
-# have not passed reliably on this 2-core machine yet (RAY_SLURM_RUN_WIP=1 runs them).
-wip=()
-if [ -z "${RAY_SLURM_RUN_WIP:-}" ]; then
-  for f in tests/e2e/test_hardening.py tests/e2e/test_megatron_smoke.py tests/e2e/test_outage_rest.py \
-           tests/integration/test_launch_gang.py; do
-    wip+=(--ignore="$f")
-  done
-fi
 python -m pytest -m 'not gpu' -p no:cacheprovider --import-mode=importlib \
-  --timeout="${PYTEST_TIMEOUT:-900}" "${wip[@]}" tests/ "$@"
+  --timeout="${PYTEST_TIMEOUT:-900}" tests/ "$@"
