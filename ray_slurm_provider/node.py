@@ -65,9 +65,9 @@ class Agent:
         if self.child is not None and self.child.poll() is None:
             if self.head_going():
                 # Ray's drain would wait for a GCS that is gone (`ray down`: the head stops
-                # first) until Slurm's SIGKILL; `ray start`'s children share its fate.
+                # first) until Slurm's SIGKILL.
                 log(f"signal {signum}: the head is gone; stopping Ray without draining")
-                self.child.kill()
+                proc.kill_tree(self.child.pid)
             else:
                 log(f"signal {signum}: stopping Ray (drain up to {self.spec.drain_timeout_s}s)")
                 self.child.send_signal(signal.SIGTERM)

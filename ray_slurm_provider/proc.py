@@ -6,7 +6,9 @@ typed so callers can tell "the binary is missing" from "it ran and said no" from
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -179,3 +181,31 @@ def spawn(
         except FileNotFoundError as e:
             raise CommandNotFound(args, f"{args[0]}: command not found") from e
     return p.pid
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> int:
+    """Signal `pid` and every process below it, found in /proc before any is signalled (so
+    none is reparented to init first and missed). The node agent's own `ray start` only:
+    killing just that process would orphan the agents under its raylet, and Slurm's
+    proctrack/linuxproc does not find orphans. Returns how many were signalled."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        tree.append(p)
+        stack.extend(children.get(p, []))
+    n = 0
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+            n += 1
+    return n

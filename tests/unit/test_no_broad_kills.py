@@ -19,7 +19,8 @@ PKG = Path(ray_slurm_provider.__file__).parent
 SOURCES = sorted(PKG.rglob("*.py"))
 BY_NAME = {"pkill", "killall", "pgrep", "skill", "snice", "kill"}
 #: Where a signal may be sent by pid: the sandbox's own daemons, from its pid registry.
-OS_KILL_ALLOWED = {"sandbox/procs.py"}
+#: proc.py: `kill_tree`, the node agent's own `ray start` and the processes below it.
+OS_KILL_ALLOWED = {"sandbox/procs.py", "proc.py"}
 #: The only module that may start processes.
 SUBPROCESS_ALLOWED = {"proc.py"}
 

@@ -4,12 +4,19 @@ away stop Ray at once instead of draining towards a GCS that is gone."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 from pathlib import Path
 
+import pytest
+
+from ray_slurm_provider import node, proc
 from ray_slurm_provider.node import Agent
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.state import write_json
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
+
+REAL_KILL_TREE = proc.kill_tree  # the fixture below replaces it for the agent tests
 
 
 def test_cancelling_the_head_marks_a_teardown_and_is_one_scancel(tmp_path: Path) -> None:
@@ -29,17 +36,28 @@ def test_cancelling_the_head_marks_a_teardown_and_is_one_scancel(tmp_path: Path)
 
 
 class Child:
+    pid = 4242
+    last: Child | None = None
+
     def __init__(self) -> None:
         self.got: list[str] = []
 
     def poll(self) -> int | None:
         return None
 
-    def kill(self) -> None:
-        self.got.append("kill")
-
     def send_signal(self, sig: int) -> None:
         self.got.append(signal.Signals(sig).name)
+
+
+@pytest.fixture(autouse=True)
+def no_kills(monkeypatch: pytest.MonkeyPatch) -> None:
+    def kill_tree(pid: int) -> int:
+        child = Child.last
+        assert pid == Child.pid and child is not None
+        child.got.append("kill tree")
+        return 1
+
+    monkeypatch.setattr(node.proc, "kill_tree", kill_tree)
 
 
 def agent(tmp_path: Path, kind: str = "worker") -> tuple[Agent, Child]:
@@ -48,7 +66,7 @@ def agent(tmp_path: Path, kind: str = "worker") -> tuple[Agent, Child]:
     a = Agent(spec, {"SLURM_JOB_ID": "9", "HOME": str(tmp_path)})
     write_json(a.cdir.head_info, {"ip": "127.0.0.2", "gcs_port": 25000, "job_id": "1"})
     a.head_job = "1"  # as build() records it when the worker joins
-    a.child = Child()
+    a.child = Child.last = Child()
     return a, a.child
 
 
@@ -62,14 +80,14 @@ def test_worker_skips_the_drain_when_its_head_is_gone(tmp_path: Path) -> None:
     a, child = agent(tmp_path)
     a.cdir.head_info.unlink()
     a.on_term(signal.SIGTERM, None)
-    assert child.got == ["kill"]
+    assert child.got == ["kill tree"]
 
 
 def test_worker_skips_the_drain_when_another_head_took_over(tmp_path: Path) -> None:
     a, child = agent(tmp_path)
     write_json(a.cdir.head_info, {"ip": "127.0.0.4", "gcs_port": 25000, "job_id": "7"})
     a.on_term(signal.SIGTERM, None)
-    assert child.got == ["kill"]
+    assert child.got == ["kill tree"]
 
 
 def test_worker_skips_the_drain_during_ray_down(tmp_path: Path) -> None:
@@ -77,7 +95,7 @@ def test_worker_skips_the_drain_during_ray_down(tmp_path: Path) -> None:
     a.cdir.create()
     a.cdir.mark_teardown()  # the provider cancels the head with its workers
     a.on_term(signal.SIGTERM, None)
-    assert child.got == ["kill"]
+    assert child.got == ["kill tree"]
 
 
 def test_head_always_stops_its_ray_gracefully(tmp_path: Path) -> None:
@@ -86,3 +104,26 @@ def test_head_always_stops_its_ray_gracefully(tmp_path: Path) -> None:
     a.cdir.mark_teardown()
     a.on_term(signal.SIGTERM, None)
     assert child.got == ["SIGTERM"]
+
+
+def test_kill_tree_reaches_grandchildren() -> None:
+    """A real process tree: bash, and a sleep it started (which outlives bash otherwise)."""
+    p = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None
+    grandchild = int(p.stdout.readline())
+    assert REAL_KILL_TREE(p.pid) == 2
+    assert p.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 30  # the signal is delivered asynchronously
+    while (state := _state(grandchild)) not in ("Z", "X", "gone") \
+            and time.monotonic() < deadline:
+        pass
+    assert state in ("Z", "X", "gone")  # killed (a zombie until init reaps it)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
