@@ -34,10 +34,15 @@ def _resources(cluster: Cluster, node_type: str) -> str:
     return ",".join(f"{k}={v}" for k, v in res.items()) or "(from partition)"
 
 
+def _order(j: Job) -> tuple[int, ...]:
+    """By job id, array tasks (`<array>_<task>`) by array, then task."""
+    return tuple(int(p) if p.isdigit() else 0 for p in j.job_id.split("_"))
+
+
 def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
     """One record per node of the cluster (jobs whose comment carries our tags)."""
     rows = []
-    for j in sorted(jobs, key=lambda j: (int(j.job_id) if j.job_id.isdigit() else 0)):
+    for j in sorted(jobs, key=_order):
         tags = decode_tags(j.comment)
         if tags is None:
             continue

@@ -215,3 +215,11 @@ def test_runner_sruns_into_the_task_by_its_numeric_id(tmp_path: Path) -> None:
     assert "--jobid=1003" in r.srun_argv("true")
     (hid,) = p.create_node({}, HEAD_TAGS, 1)
     assert f"--jobid={hid}" in SrunCommandRunner(p, hid).srun_argv("true")
+
+
+def test_status_orders_array_tasks_by_array_then_task() -> None:
+    from ray_slurm_provider.cmds.status import _order
+
+    ids = ["12_10", "9", "12_2", "100", "12_0"]
+    jobs = [Job(job_id=i, name="ray-c", state="RUNNING") for i in ids]
+    assert [j.job_id for j in sorted(jobs, key=_order)] == ["9", "12_0", "12_2", "12_10", "100"]
