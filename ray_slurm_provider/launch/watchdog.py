@@ -61,8 +61,13 @@ class Watchdog:
 
         In a hang every rank stops beating (the others wait on it in a collective), so the
         order is: unanswered polls, then least progress (last step), then oldest heartbeat.
+        The rank that hung may have beaten last (it stalled just after its peers entered the
+        collective), so once one rank is past the stall timeout, every rank silent for half
+        of it is a suspect too.
         """
         out: list[tuple[tuple[int, int, float], Stuck]] = []
+        silent_ranks: list[tuple[tuple[int, int, float], Stuck]] = []
+        stalled = False
         for rank, st in sorted(self._state.items()):
             silent = now - st.last_answer
             if silent > self.answer_timeout_s:
@@ -81,10 +86,13 @@ class Watchdog:
                           f"{self.start_timeout_s:.0f}s of starting")))
             elif p.beats > 0 and p.beat_age_s is not None:
                 age = p.beat_age_s + silent
-                if age <= self.stall_timeout_s:
+                if age <= self.stall_timeout_s / 2:
                     continue
+                stalled = stalled or age > self.stall_timeout_s
                 step = -1 if p.last_step is None else p.last_step
                 where = "" if p.last_step is None else f" (last step {p.last_step})"
-                out.append(((1, step, -age), Stuck(
+                silent_ranks.append(((1, step, -age), Stuck(
                     rank, f"rank {rank} sent no heartbeat for {age:.0f}s{where}")))
+        if stalled:
+            out += silent_ranks
         return [s for _, s in sorted(out, key=lambda x: (x[0], x[1].rank))]

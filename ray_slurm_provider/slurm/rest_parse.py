@@ -88,8 +88,13 @@ def job(d: Mapping[str, Any], now: float) -> Job:
     if limit_s is not None and start and state not in ("PENDING", "SUSPENDED") \
             and start <= now:
         left = max(0, int(start + limit_s - now))
+    # An array task is listed as squeue and scancel name it (`<array>_<task>`), as the CLI
+    # back end does; its own numeric id is what srun and SLURM_JOB_ID use.
+    array_id, task = number(d.get("array_job_id")), number(d.get("array_task_id"))
+    node_id = f"{array_id}_{task}" if array_id and task is not None else str(job_id)
     return Job(
-        job_id=str(job_id),
+        job_id=node_id,
+        slurm_job_id=str(job_id),
         name=str(d.get("name") or ""),
         state=state,
         reason=_text(d.get("state_reason")),

@@ -179,7 +179,9 @@ def test_second_cluster_runs_beside_the_first(cluster: RayCluster,
         assert other.ports.gcs != cluster.ports.gcs
         assert "succeeded" in other.submit("import ray; ray.init(); print(ray.cluster_resources())")
         other.down()
-        assert other.jobs() == []
+        # scancel is sent by then; a job may still be COMPLETING (its processes exiting).
+        wait_for(lambda: other.jobs() == [], 60, "the second cluster's jobs to end",
+                 every=0.5)
     finally:
         other.cleanup()
     # The first cluster did not notice.

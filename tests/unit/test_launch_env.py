@@ -195,4 +195,14 @@ def test_watchdog_ages_heartbeats_to_the_same_moment() -> None:
     wd.observe(0, P(9, 5, 2.5, 100), now=100)
     wd.observe(1, P(9, 5, 3.5, 102), now=102)
     stuck = wd.check(102)
-    assert [s.rank for s in stuck] == [0] and "for 4s" in stuck[0].reason
+    # Rank 1 (silent for 3.5 s, more than half the timeout) is a suspect, after rank 0.
+    assert [s.rank for s in stuck] == [0, 1] and "for 4s" in stuck[0].reason
+
+
+def test_watchdog_blames_the_laggard_even_when_a_peer_crossed_the_timeout_first() -> None:
+    wd = Watchdog(10, 10, 60, ranks=[0, 3], started_at=0)
+    wd.observe(0, P(9, 4, 10.5, 99), now=99)  # beat at step 4, then waits at the collective
+    wd.observe(3, P(8, 3, 9.0, 99), now=99)  # hung before step 4, beat a little later
+    assert [s.rank for s in wd.check(99)] == [3, 0]
+    wd.observe(0, P(9, 4, 4.0, 99), now=99)
+    assert wd.check(99) == []  # nobody past the timeout: no suspects yet
