@@ -4,15 +4,20 @@ Each one waits on marker files the test creates, so the test decides when demand
 ends; results are printed as one `TAG json` line.
 """
 
-OUTAGE = """
-import json, os, time, ray
-ray.init(log_to_driver=False)
-
-def job_id():  # as squeue and the provider name the node: <array>_<task> for an array task
+# The Slurm job a task ran in, as squeue and the provider name it (pasted into the drivers
+# that report it; no braces, because the drivers are str.format() templates).
+JOB_ID_FN = """
+def job_id():
     e = os.environ
     if e.get("SLURM_ARRAY_TASK_ID"):
         return e["SLURM_ARRAY_JOB_ID"] + "_" + e["SLURM_ARRAY_TASK_ID"]
     return e.get("SLURM_JOB_ID")
+"""
+
+OUTAGE = """
+import json, os, time, ray
+ray.init(log_to_driver=False)
+""" + JOB_ID_FN + """
 
 @ray.remote(num_cpus=1, max_retries=3)
 def hold(i, stop):
@@ -32,12 +37,6 @@ print("OUTAGE_RESULT", json.dumps(sorted(ray.get([first, second]))), flush=True)
 LOST = """
 import json, os, time, ray
 ray.init(log_to_driver=False)
-
-def job_id():  # as squeue and the provider name the node: <array>_<task> for an array task
-    e = os.environ
-    if e.get("SLURM_ARRAY_TASK_ID"):
-        return e["SLURM_ARRAY_JOB_ID"] + "_" + e["SLURM_ARRAY_TASK_ID"]
-    return e.get("SLURM_JOB_ID")
 
 @ray.remote(num_cpus=0.5, max_retries=5)
 def work(i):
@@ -80,12 +79,7 @@ print("LOST_RESULT", json.dumps({{"tasks": started, "calls": calls, "restarts": 
 WALLTIME = """
 import json, os, time, ray
 ray.init(log_to_driver=False)
-
-def job_id():  # as squeue and the provider name the node: <array>_<task> for an array task
-    e = os.environ
-    if e.get("SLURM_ARRAY_TASK_ID"):
-        return e["SLURM_ARRAY_JOB_ID"] + "_" + e["SLURM_ARRAY_TASK_ID"]
-    return e.get("SLURM_JOB_ID")
+""" + JOB_ID_FN + """
 
 @ray.remote(num_cpus=0, resources={{"short": 1}}, max_retries=5)
 def step(i):

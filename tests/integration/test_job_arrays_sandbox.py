@@ -3,31 +3,19 @@ nodes, each task listed, addressed and cancelled on its own (bench P5)."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.sandbox import Sandbox
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.slurm.client import Job
+from tests.integration.test_slurm_cli_sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
 #: Small, so it fits beside whatever else runs on the sandbox.
 SCRIPT = "#!/bin/bash\n#SBATCH --time=10 --mem=100 --output=/dev/null\nsleep 300\n"
-
-
-def wait_for(client: CliSlurmClient, name: str, pred: Callable[[list[Job]], bool],
-             timeout: float = 90) -> list[Job]:
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs = client.list_jobs(name)
-        if pred(jobs) or time.monotonic() > deadline:
-            return jobs
-        time.sleep(0.3)
 
 
 def test_array_submit_list_srun_cancel_one_task(sandbox: Sandbox) -> None:
@@ -39,7 +27,7 @@ def test_array_submit_list_srun_cancel_one_task(sandbox: Sandbox) -> None:
         assert ids == [f"{array_id}_{i}" for i in range(3)] and array_id.isdigit()
         # Every task is listed on its own at once, pending ones included.
         assert sorted(j.job_id for j in client.list_jobs(name)) == ids
-        jobs = wait_for(client, name, lambda js: any(j.running for j in js))
+        jobs = wait_for(client, name, lambda js: any(j.running for j in js), timeout=90)
         by_id = {j.job_id: j for j in jobs}
         assert set(by_id) == set(ids)
         assert all(j.comment == '{"tag": "array"}' and j.active for j in jobs)
@@ -59,10 +47,10 @@ def test_array_submit_list_srun_cancel_one_task(sandbox: Sandbox) -> None:
         # Cancelling one task leaves the others.
         client.cancel([run.job_id])
         left = wait_for(client, name, lambda js: not any(
-            j.job_id == run.job_id and j.active for j in js))
+            j.job_id == run.job_id and j.active for j in js), timeout=90)
         active = sorted(j.job_id for j in left if j.active)
         assert active == sorted(set(ids) - {run.job_id})
     finally:
         client.cancel([array_id])  # the whole array
     assert not any(j.active for j in wait_for(
-        client, name, lambda js: not any(j.active for j in js)))
+        client, name, lambda js: not any(j.active for j in js), timeout=90))
