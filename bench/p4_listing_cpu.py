@@ -37,7 +37,7 @@ from ray.autoscaler.tags import (
 from bench.common import save
 from ray_slurm_provider import proc
 from ray_slurm_provider.jobs import encode_tags
-from ray_slurm_provider.launch_guard import SUBMIT_TAG
+from ray_slurm_provider.provider.submit import SUBMIT_TAG
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.parse import DELIM
 
@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--name", default="p4", help="result file name (bench/results/NAME.json)")
     args = ap.parse_args()
 
-    from ray_slurm_provider.provider import SlurmNodeProvider
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
 
     # Three listings whose time-left column differs, as a real squeue's every 5 s.
     texts, nodes = [squeue_output(args.jobs, t) for t in range(3)], scontrol_nodes(NODES)

@@ -127,7 +127,7 @@ def build_job(
         setup += [*commands.initialization, *commands.setup]
     return JobSpec(
         job_name=job_name(cluster_name),
-        command=[python, "-m", "ray_slurm_provider.node", "--spec", spec.to_json()],
+        command=[python, "-m", "ray_slurm_provider.agent", "--spec", spec.to_json()],
         partition=ncfg.partition,
         account=ncfg.account,
         qos=ncfg.qos,

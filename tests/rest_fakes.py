@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray_slurm_provider.slurm.rest import RestSlurmClient
-from ray_slurm_provider.slurm.rest_http import HttpRequest, HttpResponse
+from ray_slurm_provider.slurm.rest.client import RestSlurmClient
+from ray_slurm_provider.slurm.rest.http import HttpRequest, HttpResponse
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 V38 = FIX / "slurmrestd-22.05" / "v0.0.38"

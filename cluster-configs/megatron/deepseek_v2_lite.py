@@ -26,8 +26,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ray_slurm_provider.launch import FatalRankError, OverrideError, RankContext
-from ray_slurm_provider.launch.overrides import Override, apply_override, parse_override
+from ray_slurm_provider.gang import FatalRankError, OverrideError, RankContext
+from ray_slurm_provider.gang.overrides import Override, apply_override, parse_override
 
 PINNED = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2"}
 HF_ID = "deepseek-ai/DeepSeek-V2-Lite"

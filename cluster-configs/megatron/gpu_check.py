@@ -173,7 +173,7 @@ def ray_suite(out_json: str, dry: bool) -> None:
     """Runs inside its own process: one private Ray, the launcher under each policy."""
     import ray
 
-    from ray_slurm_provider.launch import FaultSpec, GangFailed, GangSpec, run_gang
+    from ray_slurm_provider.gang import FaultSpec, GangFailed, GangSpec, run_gang
 
     ray.init(num_cpus=4, num_gpus=0 if dry else None, include_dashboard=False,
              runtime_env={"working_dir": str(MEGATRON)})

@@ -9,7 +9,7 @@ RECIPE
                      (deepseek_v2_lite.py); defaults to 2 nodes x 8 GPUs
 
 Gang options (`--nodes`, `--ranks-per-node`, `--device`, `--cvd-policy`, `--profile`,
-`--max-attempts`, `--checkpoint-dir`, ...) are ray_slurm_provider.launch's; `--help` lists
+`--max-attempts`, `--checkpoint-dir`, ...) are ray_slurm_provider.gang's; `--help` lists
 them. Everything else of the form `key=value` is a Hydra-style override of the recipe's
 config (`model.tensor_model_parallel_size=2`, `train.train_iters=100`, `+new.key=1`).
 
@@ -25,9 +25,9 @@ import signal
 import sys
 from typing import Any
 
-from ray_slurm_provider.launch import FatalRankError, GangFailed, GangResult, SpecError, run_gang
-from ray_slurm_provider.launch.overrides import OverrideError, parse_overrides
-from ray_slurm_provider.launch.spec import add_arguments, from_args
+from ray_slurm_provider.gang import FatalRankError, GangFailed, GangResult, SpecError, run_gang
+from ray_slurm_provider.gang.overrides import OverrideError, parse_overrides
+from ray_slurm_provider.gang.spec import add_arguments, from_args
 
 RECIPES: dict[str, dict[str, Any]] = {
     "tiny": {"fn": "tiny_gpt:train", "defaults": {}},

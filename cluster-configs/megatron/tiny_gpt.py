@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ray_slurm_provider.launch import FatalRankError, OverrideError, RankContext, apply_overrides
+from ray_slurm_provider.gang import FatalRankError, OverrideError, RankContext, apply_overrides
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -274,7 +274,7 @@ def main(argv: list[str]) -> None:
     """One process without the launcher (one GPU, or under torchrun): JSON lines out."""
     import json
 
-    from ray_slurm_provider.launch.rendezvous import probe_free_port
+    from ray_slurm_provider.gang.rendezvous import probe_free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(probe_free_port("127.0.0.1")))

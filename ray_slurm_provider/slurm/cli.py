@@ -13,9 +13,9 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from .. import proc
-from . import parse
-from .client import (
+from ray_slurm_provider import proc
+from ray_slurm_provider.slurm import parse
+from ray_slurm_provider.slurm.client import (
     ACTIVE_STATES,
     ClusterInfo,
     Job,

@@ -9,8 +9,7 @@ never as an import error in the head's autoscaler).
 from __future__ import annotations
 
 from ray_slurm_provider.config import ProviderConfig
-
-from .client import SlurmClient
+from ray_slurm_provider.slurm.client import SlurmClient
 
 
 def make_client(pcfg: ProviderConfig | None = None, *, timeout: float = 30.0) -> SlurmClient:
@@ -18,15 +17,15 @@ def make_client(pcfg: ProviderConfig | None = None, *, timeout: float = 30.0) ->
     pcfg = pcfg or ProviderConfig()
     api = pcfg.slurm_api
     if api == "rest":
-        from .rest import RestSlurmClient
+        from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 
         r = pcfg.rest
         return RestSlurmClient(r.url, jwt_file=r.jwt_file, jwt_env=r.jwt_env, user=r.user,
                                timeout=timeout)
     if api == "pyslurm":
-        from .pyslurm_backend import PyslurmSlurmClient
+        from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient
 
         return PyslurmSlurmClient()
-    from .cli import CliSlurmClient
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
 
     return CliSlurmClient(timeout=timeout)

@@ -10,7 +10,7 @@ import functools
 import re
 from collections.abc import Iterator, Mapping
 
-from .client import Job
+from ray_slurm_provider.slurm.client import Job
 
 #: ASCII unit separator: cannot appear in node, partition or (our) job names.
 DELIM = "\x1f"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ray_slurm_provider import cli
+from ray_slurm_provider.cli import main as cli
 from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]

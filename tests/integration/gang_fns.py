@@ -1,4 +1,4 @@
-"""Rank functions for test_launch_gang.py: shipped to the Ray workers as a py_module.
+"""Rank functions for test_gang.py: shipped to the Ray workers as a py_module.
 
 They need no torch: a "checkpoint" is a JSON file rank 0 writes, which is all the launcher's
 restart logic relies on (the training function resumes from what it finds).
@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from ray_slurm_provider.launch import FatalRankError, RankContext
+from ray_slurm_provider.gang import FatalRankError, RankContext
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",

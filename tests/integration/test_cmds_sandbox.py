@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ray_slurm_provider import cli
+from ray_slurm_provider.cli import main as cli
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.sandbox import Sandbox

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ray_slurm_provider.agent.container import NodeContainer
 from ray_slurm_provider.config import ContainerConfig
-from ray_slurm_provider.node_container import NodeContainer
 from ray_slurm_provider.sandbox import image
 
 pytestmark = [pytest.mark.integration]

@@ -10,7 +10,7 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-from ray_slurm_provider.launch.s3stage import S3Stage, split_uri, tracker_last  # noqa: E402
+from ray_slurm_provider.gang.s3stage import S3Stage, split_uri, tracker_last  # noqa: E402
 from tests.integration.moto_s3 import moto_s3  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from ray_slurm_provider.slurm.client import (
     SlurmClient,
     TransientSlurmError,
 )
-from ray_slurm_provider.slurm.rest import RestSlurmClient
+from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 
 pytestmark = pytest.mark.integration
 

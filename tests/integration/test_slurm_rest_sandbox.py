@@ -22,7 +22,7 @@ from ray_slurm_provider.slurm.client import (
     TransientSlurmError,
 )
 from ray_slurm_provider.slurm.factory import make_client
-from ray_slurm_provider.slurm.rest import RestSlurmClient
+from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 from tests.rest_fakes import make_jwt
 
 pytestmark = pytest.mark.integration

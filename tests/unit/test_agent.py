@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ray_slurm_provider import node
-from ray_slurm_provider.node import Agent
+from ray_slurm_provider.agent import agent as node
+from ray_slurm_provider.agent.agent import Agent
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.state import read_json, write_json
 

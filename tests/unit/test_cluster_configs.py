@@ -8,7 +8,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from ray_slurm_provider.bootstrap import validate
+from ray_slurm_provider.provider.bootstrap import validate
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "cluster-configs").rglob("*.yaml"))
 

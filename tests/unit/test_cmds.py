@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
+from ray_slurm_provider.cli import doctor, status, validate
+from ray_slurm_provider.cli import findings as checks
 
-from ray_slurm_provider.cmds import checks, doctor, status, validate
-from ray_slurm_provider.cmds.common import Cluster, duration, load_cluster, report
+from ray_slurm_provider.cli.common import Cluster, duration, load_cluster, report
 from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
@@ -88,14 +89,14 @@ def test_validate_reports_slurm_unreachable(tmp_path: Path) -> None:
 def test_render_builds_every_node_types_script_and_submits_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeSlurm()
-    monkeypatch.setattr("ray_slurm_provider.bootstrap._cluster_info",
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
                         lambda *_: fake.cluster_info())
     scripts = validate.rendered_scripts(cluster(tmp_path, fake))
     assert [(t, k) for t, k, _ in scripts] == [
         ("head", "head"), ("cpu_worker", "worker"), ("gpu_worker", "worker")]
     head, _, gpu = (s for _, _, s in scripts)
     assert "#SBATCH --job-name=ray-sandbox" in head and "#SBATCH --mem=1500M" in head
-    assert "#SBATCH --gres=gpu:1" in gpu and "ray_slurm_provider.node" in gpu
+    assert "#SBATCH --gres=gpu:1" in gpu and "-m ray_slurm_provider.agent " in gpu
     assert fake.calls["submit"] == 0 and not (tmp_path / "state").exists()
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import click
 import pytest
 
-from ray_slurm_provider.bootstrap import validate
-from ray_slurm_provider.checks import TEMP_DIR_ROOT_MAX
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.provider import SlurmNodeProvider
+from ray_slurm_provider.provider.bootstrap import validate
+from ray_slurm_provider.provider.checks import TEMP_DIR_ROOT_MAX
+from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import Node
 from tests.fakes import FakeSlurm
 
@@ -41,7 +41,7 @@ def fake() -> FakeSlurm:
 
 @pytest.fixture(autouse=True)
 def live(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ray_slurm_provider.bootstrap._cluster_info",
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
                         lambda *_: fake().cluster_info())
 
 

@@ -266,10 +266,10 @@ def test_epilog_is_executable() -> None:
 def test_bare_conda_prologue_activates_the_env_in_a_non_login_shell(tmp_path: Path) -> None:
     """Render the bare-conda worker's batch script, point its paths at a fake conda, and run
     it with bash as sbatch would (not a login shell, `set -eo pipefail`)."""
-    from ray_slurm_provider.bootstrap import validate
-    from ray_slurm_provider.checks import _commands
     from ray_slurm_provider.config import parse_provider
     from ray_slurm_provider.jobs import build_job
+    from ray_slurm_provider.provider.bootstrap import validate
+    from ray_slurm_provider.provider.checks import _commands
     from ray_slurm_provider.slurm.script import render
 
     base, env = tmp_path / "miniforge3", tmp_path / "envs" / "ray"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_slurm_provider import docs
+from ray_slurm_provider.cli import docs
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
@@ -16,7 +16,7 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 def test_committed_reference_matches_the_model() -> None:
     assert REFERENCE.read_text() == docs.reference(), (
         "docs/config-reference.md is stale: run `ray-slurm docs --output "
-        "docs/config-reference.md` (or `python -m ray_slurm_provider.docs -o ...`)")
+        "docs/config-reference.md` (or `python -m ray_slurm_provider.cli.docs -o ...`)")
 
 
 def _keys(cls: type[object], prefix: str) -> list[str]:

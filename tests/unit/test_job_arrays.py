@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ray_slurm_provider.nodespec import NodeSpec, node_id
-from ray_slurm_provider.runner import SrunCommandRunner
+from ray_slurm_provider.provider.runner import SrunCommandRunner
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import ArraySubmitter, ClusterInfo, Job
@@ -179,7 +179,7 @@ def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
     # It was queued after all (the fake raised first, so queue one with that nonce by hand).
     nonce = next(iter(p.strays._failed))
     from ray_slurm_provider.jobs import encode_tags
-    from ray_slurm_provider.launch_guard import SUBMIT_TAG
+    from ray_slurm_provider.provider.submit import SUBMIT_TAG
 
     ids = f.submit_array("#!/bin/sh\n", 2, comment=encode_tags({**WORKER_TAGS,
                                                               SUBMIT_TAG: nonce}),
@@ -192,7 +192,7 @@ def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
 
 
 def test_agent_node_id_from_slurm_environment(tmp_path: Path) -> None:
-    from ray_slurm_provider.node import Agent
+    from ray_slurm_provider.agent.agent import Agent
 
     assert node_id({"SLURM_JOB_ID": "12"}) == "12"
     env = {"SLURM_JOB_ID": "15", "SLURM_ARRAY_JOB_ID": "11", "SLURM_ARRAY_TASK_ID": "3"}
@@ -218,7 +218,7 @@ def test_runner_sruns_into_the_task_by_its_numeric_id(tmp_path: Path) -> None:
 
 
 def test_status_orders_array_tasks_by_array_then_task() -> None:
-    from ray_slurm_provider.cmds.status import _order
+    from ray_slurm_provider.cli.status import _order
 
     ids = ["12_10", "9", "12_2", "100", "12_0"]
     jobs = [Job(job_id=i, name="ray-c", state="RUNNING") for i in ids]

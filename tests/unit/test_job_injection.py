@@ -27,11 +27,11 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from ray_slurm_provider.checks import check_static
 from ray_slurm_provider.config import ConfigError, ContainerConfig, parse_node_config
 from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, encode_tags
 from ray_slurm_provider.nodespec import NodeSpec
-from ray_slurm_provider.runner import _env_exports
+from ray_slurm_provider.provider.checks import check_static
+from ray_slurm_provider.provider.runner import _env_exports
 from ray_slurm_provider.runtimes.base import RunContext
 from ray_slurm_provider.runtimes.docker import Docker
 from ray_slurm_provider.slurm.parse import DELIM, SQUEUE_FIELDS, parse_squeue
@@ -154,7 +154,7 @@ def test_job_script_runs_exactly_the_agent(c: dict[str, Any], dirname: str,
     assert res.returncode == 0, (res.stderr, script)
     argv, seen = json.loads(res.stdout)
     assert os.listdir(work) == [], script  # nothing ran: no canary file appeared
-    assert argv[:3] == ["-m", "ray_slurm_provider.node", "--spec"] and len(argv) == 4
+    assert argv[:3] == ["-m", "ray_slurm_provider.agent", "--spec"] and len(argv) == 4
     got = NodeSpec.from_json(argv[3])
     assert (got.cluster_name, got.node_type, got.state_dir, got.temp_dir_root,
             got.node_ip_interface, got.start_commands, got.labels) == (

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ray_slurm_provider.launch import FatalRankError, FaultSpec, RankContext, RankInfo
+from ray_slurm_provider.gang import FatalRankError, FaultSpec, RankContext, RankInfo
 
 MEGATRON = Path(__file__).resolve().parents[2] / "cluster-configs" / "megatron"
 

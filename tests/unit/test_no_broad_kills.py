@@ -94,12 +94,12 @@ def test_commands_only_through_proc() -> None:
 def test_ray_stop_from_ray_is_scoped_to_one_job() -> None:
     """`ray stop` in a command Ray runs (ray down, ray exec --stop) becomes "stop this job's
     Ray" in the runner, never the real command."""
-    from ray_slurm_provider import program
+    from ray_slurm_provider import shellcmd
 
-    prog = program.parse("ray stop; echo done")
+    prog = shellcmd.parse("ray stop; echo done")
     assert prog.ray_stop and prog.rest == ["echo done"]
     # The YAML's usual head start commands (`ray stop` first) and what `ray down` sends.
-    prog = program.parse("ray stop; ray start --head --autoscaling-config=~/x.yaml")
+    prog = shellcmd.parse("ray stop; ray start --head --autoscaling-config=~/x.yaml")
     assert prog.ray_stop and prog.ray_start is not None and prog.rest == []
-    prog = program.parse("/opt/venv/bin/ray stop --force")
+    prog = shellcmd.parse("/opt/venv/bin/ray stop --force")
     assert prog.ray_stop and prog.rest == []

@@ -18,7 +18,7 @@ from ray.autoscaler.tags import (
 )
 
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.provider import SlurmNodeProvider
+from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import TransientSlurmError
 from ray_slurm_provider.state import write_json
 from tests.fakes import FakeSlurm
@@ -160,7 +160,7 @@ def test_job_script_runs_the_agent_with_resources(tmp_path: Path) -> None:
     assert "#SBATCH --cpus-per-task=2" in script
     assert "#SBATCH --gres=gpu:1" in script
     assert "#SBATCH --time=1:00:00" in script
-    assert "/opt/venv/bin/python -m ray_slurm_provider.node --spec" in script
+    assert "/opt/venv/bin/python -m ray_slurm_provider.agent --spec" in script
     assert (tmp_path / "state" / "c1" / "auth_token").stat().st_mode & 0o777 == 0o600
     token = (tmp_path / "state" / "c1" / "auth_token").read_text()
     assert token not in script
@@ -200,7 +200,7 @@ def _cluster(**provider: Any) -> dict[str, Any]:
 
 def test_bootstrap_copies_worker_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "ray_slurm_provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
+        "ray_slurm_provider.provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
     )
     out = SlurmNodeProvider.bootstrap_config(_cluster())
     types = out["provider"]["_node_types"]
@@ -216,7 +216,7 @@ def test_bootstrap_copies_worker_commands(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_bootstrap_rejects_unknown_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "ray_slurm_provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
+        "ray_slurm_provider.provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
     )
     cfg = _cluster()
     cfg["available_node_types"]["w"]["node_config"]["partition"] = "gpux"
@@ -226,7 +226,7 @@ def test_bootstrap_rejects_unknown_partition(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_fillout_resources_from_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "ray_slurm_provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
+        "ray_slurm_provider.provider.bootstrap._cluster_info", lambda *_: FakeSlurm().cluster_info()
     )
     cfg = _cluster()
     del cfg["available_node_types"]["w"]["resources"]

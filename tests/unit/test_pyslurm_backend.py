@@ -15,7 +15,7 @@ from ray_slurm_provider.slurm.client import (
     TransientSlurmError,
 )
 from ray_slurm_provider.slurm.factory import make_client
-from ray_slurm_provider.slurm.pyslurm_backend import PyslurmSlurmClient, major_minor
+from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient, major_minor
 from tests.pyslurm_fake import FakeJob, make_module
 
 

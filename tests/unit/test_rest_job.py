@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider.slurm.client import PermanentSlurmError
-from ray_slurm_provider.slurm.rest_job import directives, job_description
+from ray_slurm_provider.slurm.rest.job import directives, job_description
 from ray_slurm_provider.slurm.script import JobSpec, render
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -119,14 +119,14 @@ def test_name_and_comment_arguments_win() -> None:
 def test_every_script_the_provider_renders_translates(
         config_name: str, version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The REST back end can submit every job of the shipped cluster configs."""
-    from ray_slurm_provider.cmds.common import load_cluster
-    from ray_slurm_provider.cmds.validate import rendered_scripts
+    from ray_slurm_provider.cli.common import load_cluster
+    from ray_slurm_provider.cli.validate import rendered_scripts
     from ray_slurm_provider.slurm.client import Node
     from tests.fakes import FakeSlurm
 
     nodes = [Node(f"n{i}", f"10.0.0.{i}", "IDLE", 64, 512000, "gpu:a100:4") for i in (1, 2)]
     fake = FakeSlurm(nodes=nodes)
-    monkeypatch.setattr("ray_slurm_provider.bootstrap._cluster_info",
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
                         lambda *_: fake.cluster_info())
     src = GOLDEN.parent.parent / "cluster-configs" / config_name
     text = src.read_text().replace("~/.ray_slurm", str(tmp_path))

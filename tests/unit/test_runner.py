@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.runner import SrunCommandRunner
+from ray_slurm_provider.provider.runner import SrunCommandRunner
 from ray_slurm_provider.state import read_json, write_json
 from tests.unit.test_provider import HEAD_TAGS, make
 

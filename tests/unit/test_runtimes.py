@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ray_slurm_provider.agent.container import NodeContainer, gpu_ids, slurm_mounts
 from ray_slurm_provider.config import ContainerConfig
-from ray_slurm_provider.node_container import NodeContainer, gpu_ids, slurm_mounts
 from ray_slurm_provider.runtimes import RUNTIMES, RunContext, get_runtime
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "runtimes"

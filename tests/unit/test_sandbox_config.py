@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.cli import main
+from ray_slurm_provider.cli.main import main
 from ray_slurm_provider.sandbox import Sandbox, SandboxError, prereq
 from ray_slurm_provider.sandbox.config import (
     SandboxSpec,

@@ -17,7 +17,7 @@ from ray_slurm_provider.slurm.client import (
     SlurmClient,
     TransientSlurmError,
 )
-from ray_slurm_provider.slurm.rest_http import HttpResponse
+from ray_slurm_provider.slurm.rest.http import HttpResponse
 from tests.rest_fakes import (
     TOKEN,
     URL,
@@ -71,7 +71,7 @@ def test_headers_carry_user_and_token_read_per_request(tmp_path: Path) -> None:
     tok.write_text(second)
     c.node_addresses()
     assert server.requests[-1].headers["X-SLURM-USER-TOKEN"] == second
-    from ray_slurm_provider.slurm.rest import RestSlurmClient
+    from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 
     explicit = RestSlurmClient(URL, user="carol", jwt_file=str(tok), send=server, env={})
     explicit.node_addresses()
@@ -120,7 +120,7 @@ def test_missing_token_and_url_say_how_to_fix(tmp_path: Path) -> None:
         client(server, jwt_file=str(tmp_path / "none")).list_jobs("x")
     with pytest.raises(PermanentSlurmError, match=r"\$MY_JWT is set"):
         client(server, jwt_env="MY_JWT").list_jobs("x")
-    from ray_slurm_provider.slurm.rest import RestSlurmClient
+    from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 
     with pytest.raises(PermanentSlurmError, match=r"provider\.rest\.url"):
         RestSlurmClient(send=server, env={"SLURM_JWT": "t"}).list_jobs("x")
@@ -370,7 +370,7 @@ def test_fixtures_exist() -> None:
 
 
 def test_pin_env_defaults_only_for_rest() -> None:
-    from ray_slurm_provider.slurm.rest import pin_env_defaults
+    from ray_slurm_provider.slurm.rest.client import pin_env_defaults
 
     env = {"RAY_SLURM_REST_URL": "http://r:1", "RAY_SLURM_JWT_FILE": "/s/jwt"}
     provider: dict[str, object] = {"slurm_api": "rest", "rest": {"url": "http://mine:2"}}

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ray_slurm_provider import node, proc
-from ray_slurm_provider.node import Agent
+from ray_slurm_provider import proc
+from ray_slurm_provider.agent import agent as node
+from ray_slurm_provider.agent.agent import Agent
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.state import write_json
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from ray_slurm_provider.agent.headwatch import HeadWatch
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
-from ray_slurm_provider.headwatch import HeadWatch
 from ray_slurm_provider.jobs import NodeCommands, build_job
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import write_json
 from ray_slurm_provider.walltime import HeadWalltime, fmt_duration, warn_below_s
 from tests.fakes import FakeClock, FakeSlurm
-from tests.unit.test_launch_guard import make
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
+from tests.unit.test_submit import make
 
 
 def spec(ncfg: NodeConfig) -> str:

@@ -1,0 +1,50 @@
+"""`python -m ray_slurm_provider.agent.probe CLUSTER_DIR CLUSTER`: can this process's
+environment (e.g. the inside of the head's container) list the cluster's jobs?
+
+Uses the transport the cluster is configured with, read from its bootstrap config.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ray_slurm_provider.config import ProviderConfig, parse_provider
+from ray_slurm_provider.slurm.client import SlurmClient, SlurmError
+
+
+def client_for(cluster_dir: Path) -> SlurmClient:
+    pcfg = ProviderConfig()
+    boot = cluster_dir / "ray_bootstrap_config.yaml"
+    if boot.exists():
+        pcfg = parse_provider(json.loads(boot.read_text()).get("provider", {}))
+    try:
+        from ray_slurm_provider.slurm.factory import make_client  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        from ray_slurm_provider.slurm.cli import CliSlurmClient
+
+        return CliSlurmClient()
+    client: SlurmClient = make_client(pcfg)
+    return client
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m ray_slurm_provider.agent.probe CLUSTER_DIR CLUSTER")
+        return 2
+    try:
+        jobs = client_for(Path(args[0])).list_jobs(f"ray-{args[1]}")
+    except SlurmError as e:
+        print(f"Slurm said: {e.slurm_message}")
+        return 1
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}")
+        return 1
+    print(f"ok: {len(jobs)} job(s) of cluster {args[1]} visible")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

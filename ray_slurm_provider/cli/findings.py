@@ -1,0 +1,52 @@
+"""`validate`'s per-node-type findings against the live cluster.
+
+The rules are `ray up`'s own (ray_slurm_provider.provider.checks.check_live: time limit within the
+partition's MaxTime, GPUs, GPU type, CPUs and memory within its nodes); they are applied one
+node type at a time, so `validate` reports every node type's problem, not just the first, and
+says which partition each type lands on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray_slurm_provider.cli.common import Finding, duration
+from ray_slurm_provider.config import ConfigError, NodeConfig
+from ray_slurm_provider.provider.checks import check_live
+from ray_slurm_provider.slurm.client import ClusterInfo
+
+
+def node_type_findings(config: Mapping[str, Any], t: str, ncfg: NodeConfig,
+                       info: ClusterInfo) -> list[Finding]:
+    """What is wrong (or fine) with node type `t` on this cluster."""
+    where = f"available_node_types.{t}"
+    names = ", ".join(sorted(p.name for p in info.partitions))
+    part = info.partition(ncfg.partition)
+    if part is None:
+        if ncfg.partition is None:
+            return [Finding("fail", where, "no partition is set and the cluster reports no "
+                            "default partition", f"set {where}.node_config.partition to one of: "
+                            f"{names}")]
+        return [Finding("fail", f"{where}.node_config.partition",
+                        f"{ncfg.partition!r} is not a partition of this cluster",
+                        f"use one of: {names}")]
+    out = [Finding("ok", where, f"partition {part.name}: {len(part.nodes)} nodes, "
+                   f"{part.cpus_per_node} CPUs, {part.memory_mb_per_node}M, "
+                   f"{part.gpus_per_node} GPUs per node, MaxTime {duration(part.max_time_s)}")]
+    if part.state.upper() != "UP":
+        out.append(Finding("warn", where, f"partition {part.name} is {part.state}",
+                           "jobs pend until an admin sets it UP; pick another partition"))
+    if "resources" not in ((config.get("available_node_types") or {}).get(t) or {}):
+        out.append(Finding("info", where, "no `resources`: `ray up` takes them from partition "
+                           f"{part.name}'s smallest node"))
+    try:
+        warnings = check_live(config, {t: ncfg}, info)
+    except ConfigError as e:
+        key, _, message = str(e).partition(": ")
+        return [*out, Finding("fail", key, message, "`ray up` refuses this; use a value "
+                              "from the valid range named above")]
+    out += [Finding("warn", where, w, "set node_config.time") for w in warnings]
+    if not warnings:
+        out.append(Finding("ok", where, "time limit, CPUs, memory and GPUs fit the partition"))
+    return out

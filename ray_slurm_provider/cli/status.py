@@ -1,0 +1,219 @@
+"""`ray-slurm status CONFIG [--json]` and `ray-slurm logs CONFIG [JOB] [--follow]`.
+
+status asks Slurm ONE question (the cluster's job list, as the provider does) and reads the
+rest from the cluster directory: which node's Ray is up, the tags Ray set, the head's
+addresses. Pending jobs show Slurm's reason and its estimated start time.
+
+logs prints a job's output file from the cluster directory (`logs/<job id>.out`: the node
+agent's and Ray's start-up output); `--follow` keeps printing until the job is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
+
+from ray_slurm_provider.cli.common import (
+    Cluster,
+    CommandError,
+    duration,
+    load_cluster,
+    run_command,
+    table,
+)
+from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.slurm.client import Job, SlurmError
+from ray_slurm_provider.state import read_json
+
+KIND, NODE_TYPE, STATUS = TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RAY_NODE_STATUS
+
+
+def _resources(cluster: Cluster, node_type: str) -> str:
+    res = (cluster.node_types.get(node_type) or {}).get("resources") or {}
+    return ",".join(f"{k}={v}" for k, v in res.items()) or "(from partition)"
+
+
+def _order(j: Job) -> tuple[int, ...]:
+    """By job id, array tasks (`<array>_<task>`) by array, then task."""
+    return tuple(int(p) if p.isdigit() else 0 for p in j.job_id.split("_"))
+
+
+def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
+    """One record per node of the cluster (jobs whose comment carries our tags)."""
+    rows = []
+    for j in sorted(jobs, key=_order):
+        tags = decode_tags(j.comment)
+        if tags is None:
+            continue
+        tags = {**tags, **cluster.cdir.tags(j.job_id)}
+        pending = j.state == "PENDING"
+        rows.append({
+            "node_type": tags.get(NODE_TYPE, "?"), "kind": tags.get(KIND, "?"),
+            "job_id": j.job_id, "state": j.state, "node": j.batch_host or j.nodes,
+            "address": j.node_addr, "ray_up": cluster.cdir.ray_up(j.job_id),
+            "ray_status": tags.get(STATUS, ""), "resources": _resources(
+                cluster, tags.get(NODE_TYPE, "")),
+            "time_left_s": j.time_left_s, "time_limit_s": j.time_limit_s,
+            "reason": j.reason if pending else "",
+            "expected_start": j.start_time if pending else "",
+            "partition": j.partition,
+        })
+    return rows
+
+
+def status_data(cluster: Cluster) -> dict[str, Any]:
+    jobs = cluster.client.list_jobs(cluster.job_name)  # the one Slurm call
+    rows = node_rows(cluster, jobs)
+    head = read_json(cluster.cdir.head_info)
+    errors = read_json(cluster.cdir.root / "errors.json")  # launch_guard.py
+    return {"cluster": cluster.name, "job_name": cluster.job_name, "nodes": rows,
+            "other_jobs": len(jobs) - len(rows),
+            "head": head if isinstance(head, dict) else None,
+            "launch_errors": errors if isinstance(errors, dict) else {}}
+
+
+def error_lines(data: dict[str, Any]) -> list[str]:
+    """The last launch error of each node type that is being held back."""
+    return [f"{t}: launch failing ({e.get('kind')}, {e.get('failures')} in a row; held back "
+            f"until {e.get('retry_after')}): {e.get('message')}"
+            for t, e in sorted(data.get("launch_errors", {}).items())]
+
+
+def status_lines(data: dict[str, Any]) -> list[str]:
+    rows = data["nodes"]
+    if not rows:
+        return [f"cluster {data['cluster']!r}: no Slurm jobs named {data['job_name']} "
+                "(the cluster is down; `ray up CONFIG` starts it)", *error_lines(data)]
+    headers = ["TYPE", "KIND", "JOB", "STATE", "NODE", "ADDRESS", "RAY", "RESOURCES",
+               "TIME LEFT", "PENDING REASON (EST. START)"]
+    body = []
+    for r in rows:
+        why = f"{r['reason']} ({r['expected_start'] or 'start unknown'})" if r["reason"] else ""
+        ray = "up" if r["ray_up"] else (r["ray_status"] or "-")
+        body.append([r["node_type"], r["kind"], r["job_id"], r["state"], r["node"] or "-",
+                     r["address"] or "-", ray, r["resources"], duration(r["time_left_s"]),
+                     why])
+    out = table(headers, body)
+    head = data["head"]
+    if head:
+        out.append(f"dashboard: http://{head.get('ip')}:{head.get('dashboard_port')}   "
+                   f"GCS: {head.get('ip')}:{head.get('gcs_port')}")
+    if data["other_jobs"]:
+        out.append(f"({data['other_jobs']} other jobs named {data['job_name']} were not "
+                   "created by ray-slurm)")
+    return [*out, *error_lines(data)]
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    def body() -> int:
+        cluster = load_cluster(args.config)
+        try:
+            data = status_data(cluster)
+        except SlurmError as e:
+            raise CommandError(f"cannot list the cluster's jobs: {e}") from e
+        if args.json:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            print("\n".join(status_lines(data)))
+        return 0
+
+    return run_command(body)
+
+
+def resolve_job(cluster: Cluster, job: str | None) -> str | None:
+    if job in (None, ""):
+        return None
+    if job == "head":
+        head = read_json(cluster.cdir.head_info)
+        if not isinstance(head, dict) or not head.get("job_id"):
+            raise CommandError(f"no running head recorded in {cluster.cdir.head_info}")
+        return str(head["job_id"])
+    if not str(job).isdigit():
+        raise CommandError(f"{job!r} is not a Slurm job id (or `head`)")
+    return str(job)
+
+
+def list_logs(cluster: Cluster) -> list[str]:
+    files = sorted(cluster.cdir.logs.glob("*.out"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return [f"no logs yet in {cluster.cdir.logs}"]
+    rows = [[p.stem, f"{p.stat().st_size}",
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime)), str(p)]
+            for p in files]
+    return [*table(["JOB", "BYTES", "MODIFIED", "PATH"], rows),
+            "show one: ray-slurm logs CONFIG <job id>|head [--follow]"]
+
+
+def follow(path: Path, alive: Callable[[], bool], out: TextIO,
+           sleep: Callable[[float], None] = time.sleep, every: float = 0.5,
+           check_every: int = 10) -> None:
+    """Print what is appended to `path` until `alive()` says the job is gone (asked every
+    `check_every` polls), then print what is left."""
+    pos = 0
+
+    def drain() -> None:
+        nonlocal pos
+        if not path.exists():
+            return
+        with path.open("rb") as f:
+            f.seek(pos)
+            chunk = f.read()
+        pos += len(chunk)
+        if chunk:
+            out.write(chunk.decode(errors="replace"))
+            out.flush()
+
+    polls = 0
+    while True:
+        drain()
+        polls += 1
+        if polls % check_every == 0 and not alive():
+            drain()  # what the job wrote last
+            return
+        sleep(every)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    def body() -> int:
+        cluster = load_cluster(args.config)
+        job = resolve_job(cluster, args.job)
+        if job is None:
+            print("\n".join(list_logs(cluster)))
+            return 0
+        path = cluster.cdir.log(job)
+        if not path.exists() and not args.follow:
+            raise CommandError(f"no log for job {job} ({path} does not exist)")
+        if args.follow:
+            def alive() -> bool:
+                return any(j.job_id == job and j.active
+                           for j in cluster.client.list_jobs(cluster.job_name))
+            follow(path, alive, sys.stdout)
+        else:
+            lines = path.read_text(errors="replace").splitlines()
+            print("\n".join(lines[-args.lines:] if args.lines else lines))
+        root = cluster.pcfg.temp_dir_root.rstrip("/")
+        print(f"# Ray's own logs stay on the node: {root}/rsp-{job}/session_latest/logs/",
+              file=sys.stderr)
+        return 0
+
+    return run_command(body)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("status", help="table of the cluster's nodes (one Slurm query)")
+    p.add_argument("config", help="cluster YAML")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("logs", help="a node's job log (or the list of logs)")
+    p.add_argument("config", help="cluster YAML")
+    p.add_argument("job", nargs="?", help="Slurm job id, or `head`; omit to list the logs")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--lines", "-n", type=int, default=0, help="only the last N lines")
+    p.set_defaults(func=cmd_logs)

@@ -1,0 +1,130 @@
+"""`ray-slurm validate CONFIG` and `ray-slurm render CONFIG`.
+
+validate: the config model (the same `bootstrap.validate` that `ray up` runs) plus, unless
+`--offline`, every node type checked against the live cluster (cmds/checks.py).
+
+render: every batch script the cluster would submit (the head's and one per worker type),
+built by the same code as the provider (`bootstrap_config`, `fillout_resources`,
+`jobs.build_job`, `slurm.script.render`); nothing is submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from typing import Any
+
+import click
+
+from ray_slurm_provider.cli.common import (
+    Cluster,
+    CommandError,
+    Finding,
+    load_cluster,
+    report,
+    run_command,
+)
+from ray_slurm_provider.cli.findings import node_type_findings
+from ray_slurm_provider.config import ConfigError, parse_node_config, parse_provider
+from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources, validate
+from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.slurm.script import ScriptError, render
+
+
+def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
+    """The model's verdict, then (live) each node type against Slurm."""
+    try:
+        ncfgs = validate(cluster.config, live=False)
+    except ConfigError as e:
+        return [Finding("fail", "config", str(e), "fix the key named above")]
+    out = [Finding("ok", "config", f"cluster {cluster.name!r}: provider section and "
+                   f"{len(ncfgs)} node types match the config model")]
+    if cluster.head_type not in ncfgs:
+        out.append(Finding("fail", "head_node_type", f"{cluster.head_type!r} is not one of "
+                           f"available_node_types ({', '.join(ncfgs)})", "name a node type"))
+    if not live:
+        return out
+    try:
+        info = cluster.client.cluster_info()
+    except SlurmError as e:
+        return [*out, Finding("fail", f"Slurm ({cluster.pcfg.slurm_api})",
+                              f"cannot check against the cluster: {e}",
+                              "run `ray-slurm doctor CONFIG`, or --offline to skip")]
+    out.append(Finding("ok", f"Slurm ({cluster.pcfg.slurm_api})",
+                       f"Slurm {info.version}, partitions: "
+                       f"{', '.join(p.name for p in info.partitions)}"))
+    for t, ncfg in ncfgs.items():
+        out += node_type_findings(cluster.config, t, ncfg, info)
+    return out
+
+
+def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
+    """(node type, kind, script) for the head type, then each worker type."""
+    config: dict[str, Any] = copy.deepcopy(cluster.config)
+    try:
+        fillout_resources(config)
+    except (SlurmError, ConfigError) as e:
+        print(f"ray-slurm: node types without `resources` are rendered without them "
+              f"(could not ask Slurm for partition sizes: {e})", file=sys.stderr)
+    try:
+        config = bootstrap_config(config)
+    except click.ClickException as e:
+        raise CommandError(e.message) from e
+    pcfg = parse_provider(config["provider"])
+    types: dict[str, Any] = config["provider"]["_node_types"]
+    order = [cluster.head_type, *sorted(t for t in types if t != cluster.head_type)]
+    out = []
+    for t in order:
+        kind = "head" if t == cluster.head_type else "worker"
+        nt = types[t]
+        spec = build_job(
+            pcfg=pcfg, cluster_name=cluster.name, node_type=t, kind=kind,
+            ncfg=parse_node_config((config["available_node_types"][t] or {}).get("node_config"),
+                                   t),
+            resources={k: int(v) for k, v in (nt.get("resources") or {}).items()},
+            labels=dict(nt.get("labels") or {}),
+            commands=NodeCommands.from_dict(nt.get("commands")),
+            python=pcfg.python or sys.executable)
+        try:
+            out.append((t, kind, render(spec)))
+        except ScriptError as e:
+            raise CommandError(f"node type {t}: {e}") from e
+    return out
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    return run_command(lambda: report(validate_findings(load_cluster(args.config),
+                                                        live=not args.offline)))
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    def body() -> int:
+        cluster = load_cluster(args.config)
+        scripts = rendered_scripts(cluster)
+        if args.node_type:
+            scripts = [s for s in scripts if s[0] == args.node_type]
+            if not scripts:
+                raise CommandError(f"no node type {args.node_type!r} in {args.config}")
+        for i, (t, kind, script) in enumerate(scripts):
+            if i:
+                print()
+            print(f"# ===== {kind} node type {t!r}: sbatch --parsable --job-name="
+                  f"{cluster.job_name} --comment=<creation tags> <<'EOF'")
+            print(script, end="")
+            print("# ===== EOF")
+        return 0
+
+    return run_command(body)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check a cluster config against the model and Slurm")
+    p.add_argument("config", help="cluster YAML")
+    p.add_argument("--offline", action="store_true", help="skip the checks that ask Slurm")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("render", help="print every batch script the cluster would submit")
+    p.add_argument("config", help="cluster YAML")
+    p.add_argument("--node-type", help="only this node type")
+    p.set_defaults(func=cmd_render)

@@ -1,0 +1,294 @@
+"""SlurmNodeProvider: Ray's cluster launcher and autoscaler, on Slurm.
+
+State model
+-----------
+* A Ray node is a Slurm job, or one task of a job array (N nodes of a type in one sbatch);
+  the node id is squeue's %i (`123`, `123_4`). All jobs of cluster C are named `ray-C`:
+  ONE `squeue --me --array --name=ray-C` lists the whole cluster, every task on its own.
+* Slurm is the source of truth for which nodes exist. Creation tags (kind, node type, launch
+  hash, launch request) ride in the job comment; tags Ray changes later (node status, runtime
+  hashes) live in the cluster directory on the shared filesystem (state.py). Both survive the
+  `ray up` process and are read the same way by the head's autoscaler.
+* `non_terminated_nodes` is the only call that asks Slurm: it refreshes a snapshot under a
+  lock, and every other query (`node_tags`, `is_running`, `internal_ip`, ...) is answered from
+  it. A failed listing raises -- an empty or partial list would make the autoscaler launch
+  duplicates and strand live nodes. A created node is added to the snapshot at once; a
+  terminated one leaves it at once.
+* PENDING/CONFIGURING/RUNNING/SUSPENDED jobs are nodes; COMPLETING and final states are not.
+* Workers start Ray themselves in their batch step (node.py) and report it through the
+  cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
+  check never kills a node that is still starting).
+* The constructor never raises and never calls Slurm: a raising constructor in the head's
+  autoscaler would take the whole head down. Config errors surface on first use instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import sys
+import threading
+from typing import Any
+
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
+from ray_slurm_provider import auth
+from ray_slurm_provider.config import (
+    ConfigError,
+    NodeConfig,
+    ProviderConfig,
+    parse_node_config,
+    parse_provider,
+)
+from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, job_name
+from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
+from ray_slurm_provider.provider.snapshot import NodeRecord, unchanged, worker_status
+from ray_slurm_provider.provider.submit import (
+    SUBMIT_TAG,
+    LaunchGuard,
+    Strays,
+    last_agent_line,
+    submit_nodes,
+)
+from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
+from ray_slurm_provider.slurm.factory import make_client
+from ray_slurm_provider.state import ClusterDir
+from ray_slurm_provider.walltime import HeadWalltime
+
+logger = logging.getLogger(__name__)
+
+
+class SlurmNodeProvider(NodeProvider):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        super().__init__(provider_config, cluster_name)
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._gone: set[str] = set()
+        self._client: SlurmClient | None = None
+        self._config_error: ConfigError | None = None
+        try:
+            self.pcfg = parse_provider(provider_config)
+        except ConfigError as e:
+            self._config_error = e
+            self.pcfg = ProviderConfig()
+        self.cluster_dir = ClusterDir(self.pcfg.state_dir, cluster_name)
+        self.guard = LaunchGuard(self.cluster_dir.root / "errors.json")
+        self.strays = Strays()
+        self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
+        self._ray_seen: set[str] = set()  # workers whose Ray was seen up
+        self._gen: tuple[str, int] | None = None  # tags and strays as of the last listing
+
+    # --- Slurm access ------------------------------------------------------------------
+    @property
+    def slurm(self) -> SlurmClient:
+        if self._config_error is not None:
+            raise self._config_error
+        if self._client is None:
+            self._client = make_client(self.pcfg)
+        return self._client
+
+    def job_state(self, node_id: str) -> str:
+        with self._lock:
+            rec = self._nodes.get(node_id)
+        return rec.job.state if rec else "unknown"
+
+    def describe_job(self, node_id: str) -> str:
+        """One line on where a node's job stands, in Slurm's words."""
+        with self._lock:
+            rec = self._nodes.get(node_id)
+        if rec is None:
+            return f"Slurm job {node_id} is gone"
+        j = rec.job
+        where = f" on {j.batch_host}" if j.batch_host else ""
+        why = f", reason: {j.reason}" if j.reason and j.reason != "None" else ""
+        return f"Slurm job {node_id} is {j.state}{where}{why}"
+
+    # --- listing -----------------------------------------------------------------------
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
+        nodes: dict[str, NodeRecord] = {}
+        strays = []
+        gen = (self.cluster_dir.tags_generation(), self.strays.generation)  # listing.py
+        prev, self._gen = (self._nodes if gen == self._gen else {}), gen
+        for job in jobs:
+            rec = prev.get(job.job_id)
+            if rec is not None and unchanged(rec, job):
+                rec.job = job
+                nodes[job.job_id] = rec
+                continue
+            created = decode_tags(job.comment)
+            if created is None or not job.active or job.job_id in self._gone:
+                continue
+            if created.pop(SUBMIT_TAG, None) in self.strays:
+                strays.append(job.job_id)
+                continue
+            nodes[job.job_id] = NodeRecord(job, self._tags(job, created))
+        with self._lock:
+            before, self._nodes = self._nodes, nodes
+            ids = [i for i, r in nodes.items()
+                   if all(r.tags.get(k) == v for k, v in tag_filters.items())
+                   ] if tag_filters else list(nodes)
+        self._after_listing(before, nodes, strays)
+        return ids
+
+    def _after_listing(self, before: dict[str, NodeRecord], nodes: dict[str, NodeRecord],
+                       strays: list[str]) -> None:
+        """What the listing just made tells, at no further scheduler cost."""
+        if strays:
+            logger.warning("Cancelling Slurm jobs %s: their submission was reported to Ray as "
+                           "failed, so Ray has launched again", ", ".join(strays))
+            try:
+                self.terminate_nodes(strays)
+            except SlurmError as e:
+                logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
+        for job_id, rec in before.items():
+            if (job_id in nodes or job_id in self._gone or not rec.job.running
+                    or rec.tags.get(TAG_RAY_NODE_KIND) != NODE_KIND_WORKER):
+                continue
+            if self.cluster_dir.ray_up(job_id):
+                # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
+                # an orphan: its agent stops it (headwatch.py), so Ray sees the node leave.
+                logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
+                               job_id)
+                with contextlib.suppress(OSError):
+                    (self.cluster_dir.node(job_id) / "stop").touch()
+            elif job_id not in self._ray_seen:  # died before its Ray came up
+                log = self.cluster_dir.log(job_id)
+                self.guard.failed(rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
+                                  f"Slurm job {job_id} ended before Ray started on it; "
+                                  f"{last_agent_line(log) or 'see'} ({log})", "crashed")
+        self._ray_seen &= nodes.keys()
+        for rec in nodes.values():
+            if rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+                self.head_time.observe(rec.job)
+
+    def _tags(self, job: Job, created: dict[str, str]) -> dict[str, str]:
+        tags = {**created, **self.cluster_dir.tags(job.job_id)}
+        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.pcfg.disable_node_updaters:
+            status, came_up = worker_status(job, self._ray_seen, self.cluster_dir.ray_up)
+            tags[TAG_RAY_NODE_STATUS] = status
+            if came_up:
+                self.guard.ray_started(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
+        return tags
+
+    def _record(self, node_id: str) -> NodeRecord | None:
+        return self._nodes.get(node_id)  # atomic; called per node per tick (no lock)
+
+    def is_running(self, node_id: str) -> bool:
+        rec = self._record(node_id)
+        return rec is not None and rec.job.running
+
+    def is_terminated(self, node_id: str) -> bool:
+        return self._record(node_id) is None
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        rec = self._record(node_id)
+        return dict(rec.tags) if rec else {}
+
+    # None while the job is pending (no node yet), as Ray's cloud providers do.
+    def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        rec = self._record(node_id)
+        return (rec.job.node_addr or None) if rec else None
+
+    def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        return self.internal_ip(node_id)
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        self.cluster_dir.set_tags(node_id, tags)
+        with self._lock:
+            rec = self._nodes.get(node_id)
+            if rec is not None:
+                rec.tags.update(tags)
+
+    # --- creating ----------------------------------------------------------------------
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str],
+                    count: int) -> dict[str, Any]:
+        return self.create_node_with_resources_and_labels(node_config, tags, count, {}, {})
+
+    def create_node_with_resources_and_labels(
+        self, node_config: dict[str, Any], tags: dict[str, str], count: int,
+        resources: dict[str, float], labels: dict[str, str],
+    ) -> dict[str, Any]:
+        node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "")
+        kind = tags.get(TAG_RAY_NODE_KIND, NODE_KIND_WORKER)
+        ncfg: NodeConfig = parse_node_config(node_config, node_type)
+        types = self.provider_config.get("_node_types", {}).get(node_type, {})
+        res = {k: int(v) for k, v in (resources or types.get("resources") or {}).items()}
+        lab = dict(labels or types.get("labels") or {})
+        spec = build_job(
+            pcfg=self.pcfg, cluster_name=self.cluster_name, node_type=node_type,
+            kind="head" if kind == NODE_KIND_HEAD else "worker", ncfg=ncfg, resources=res,
+            labels=lab, commands=NodeCommands.from_dict(types.get("commands")),
+            python=self.pcfg.python or sys.executable,
+        )
+        self.cluster_dir.create()
+        if self.pcfg.auth.mode == "token":
+            auth.ensure_token(self.cluster_dir.root)
+        if kind == NODE_KIND_HEAD:
+            self.cluster_dir.teardown.unlink(missing_ok=True)
+        ids = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type,
+                           kind == NODE_KIND_HEAD, count)  # one sbatch (an array) if it can
+        logger.info("Submitted Slurm job(s) %s for %s node(s) of type %s", ", ".join(ids),
+                    kind, node_type)
+        created: dict[str, Any] = {}
+        for job_id in ids:
+            job = Job(job_id=job_id, name=spec.job_name, state="PENDING",
+                      partition=ncfg.partition or "")
+            with self._lock:
+                self._nodes[job_id] = NodeRecord(job, dict(tags))
+            created[job_id] = job
+        return created
+
+    # --- terminating -------------------------------------------------------------------
+    def terminate_node(self, node_id: str) -> dict[str, Any] | None:
+        self.terminate_nodes([node_id])
+        return None
+
+    def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
+        ids = [str(i) for i in node_ids]
+        if not ids:
+            return None
+        if any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids):
+            self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
+        self.slurm.cancel(ids)  # one call; jobs already gone are fine; errors raise
+        with self._lock:
+            for i in ids:
+                self._nodes.pop(i, None)
+                self._gone.add(i)
+        self.cluster_dir.forget(ids)
+        logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
+        return None
+
+    # --- runners and config hooks ------------------------------------------------------
+    def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
+                           cluster_name: str, process_runner: Any, use_internal_ip: bool,
+                           docker_config: dict[str, Any] | None = None) -> Any:
+        from ray_slurm_provider.provider.runner import SrunCommandRunner
+
+        return SrunCommandRunner(self, node_id, log_prefix)
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return bootstrap_config(copy.deepcopy(cluster_config))
+
+    @staticmethod
+    def fillout_available_node_types_resources(
+        cluster_config: dict[str, Any],
+    ) -> dict[str, Any]:
+        return fillout_resources(cluster_config)
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return cluster_config
+
+    def cleanup_cluster_resources(self) -> None:
+        """After `ray down`: forget every node's state (the token and logs stay)."""
+        self.cluster_dir.forget(self.cluster_dir.known_nodes())
+        self.cluster_dir.head_info.unlink(missing_ok=True)

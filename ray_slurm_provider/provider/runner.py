@@ -1,0 +1,304 @@
+"""The command runner: `ray up/exec/attach/submit/rsync/dashboard` without SSH.
+
+Commands run on the node with `srun --jobid=<job> --overlap`, i.e. as a step of the node's own
+job: Slurm authenticates the user with munge, no SSH keys are needed, and the step can only
+see that job's allocation. Two things are never run as a step:
+
+* `ray start`: it is handed to the node agent in the batch step (see node.py), so Ray lives
+  and dies with the job instead of being orphaned by (or killed with) a step;
+* `ray stop`: it would kill every Ray process of the user on that node, other clusters
+  included; it becomes "stop this job's Ray", and `shutdown` becomes `scancel` of this job.
+
+File transfers use the shared filesystem (the same user and home on the login and compute
+nodes, which every Slurm site has).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
+from ray.autoscaler.command_runner import CommandRunnerInterface
+from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
+
+from ray_slurm_provider import auth, proc, shellcmd
+from ray_slurm_provider.config import parse_node_config
+from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.provider.forward import forward_all
+from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
+from ray_slurm_provider.state import read_json, write_json
+
+if TYPE_CHECKING:
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
+
+BOOTSTRAP_FILES = ("~/ray_bootstrap_config.yaml",)
+DEFAULT_DASHBOARD_PORT = 8265
+
+
+def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
+    """The error Ray's NodeUpdater expects from a runner whose command failed."""
+    err: ProcessRunnerError = ProcessRunnerError(  # type: ignore[no-untyped-call]
+        msg, "ssh_command_failed", code=code, command=cmd)
+    return err
+
+
+class NodeNotReady(Exception):
+    """The node's job is not running yet; Ray's NodeUpdater retries on any exception."""
+
+
+def _env_exports(env: Mapping[str, Any] | None) -> str:
+    """`export K=V;` for each variable, values quoted (as Ray's runners do)."""
+    from shlex import quote
+
+    out = []
+    for k, v in (env or {}).items():
+        val = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        out.append(f"export {k}={quote(val)};")
+    return " ".join(out) + (" " if out else "")
+
+
+class SrunCommandRunner(CommandRunnerInterface):
+    def __init__(self, provider: SlurmNodeProvider, node_id: str, log_prefix: str = "") -> None:
+        self.provider = provider
+        self.node_id = node_id
+        self.log_prefix = log_prefix
+        self.cdir = provider.cluster_dir
+        self.ndir = self.cdir.node(node_id)
+
+    # --- helpers ------------------------------------------------------------------------
+    def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> None:
+        if exit_on_fail:
+            raise click.ClickException(f"{msg}: {cmd}")
+        raise runner_error(msg, code, cmd)
+
+    def _check_alive(self, wait_s: float = 0.0) -> None:
+        """A step can only run once the job runs and its agent is up. Waits up to `wait_s`
+        (so `ray up` notices a started job within a fraction of a second instead of its
+        5 s retry period); meanwhile refreshes Slurm's view every few seconds so the user
+        sees why the job waits."""
+        deadline = time.monotonic() + wait_s
+        next_query = 0.0
+        while True:
+            if (self.ndir / "agent.json").exists():
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if now >= next_query:
+                self.provider.non_terminated_nodes({})
+                next_query = now + 3.0
+            time.sleep(0.2)
+        raise NodeNotReady(self.provider.describe_job(self.node_id))
+
+    def srun_argv(self, shell_cmd: str, pty: bool = False,
+                  in_container: bool = False) -> list[str]:
+        argv = ["srun", f"--jobid={self.job_id()}", "--overlap", "--nodes=1", "--ntasks=1",
+                "--quiet"]
+        if pty:
+            argv.append("--pty")
+        inner = ["bash", "-c", shell_cmd]
+        ctx = self.container() if in_container else None
+        if ctx is None:
+            return [*argv, *inner]
+        rt, rctx = ctx
+        return [*argv, *rt.step_options(rctx), *rt.exec(rctx, inner, interactive=pty)]
+
+    def job_id(self) -> str:
+        """The numeric id (22.05's srun refuses an array task's `123_4`): agent.json's."""
+        agent = read_json(self.ndir / "agent.json") or {} if "_" in self.node_id else {}
+        return str(agent.get("job_id") or self.node_id)
+
+    def container(self) -> tuple[Runtime, RunContext] | None:
+        """The runtime and context of this node's container, or None without one."""
+        node_type = self.provider.node_tags(self.node_id).get(TAG_RAY_USER_NODE_TYPE, "")
+        types = self.provider.provider_config.get("_node_types", {})
+        ncfg = parse_node_config(types.get(node_type, {}).get("node_config"), node_type)
+        if ncfg.container.runtime == "none":
+            return None
+        pcfg = self.provider.pcfg
+        temp_dir = f"{pcfg.temp_dir_root.rstrip('/')}/rsp-{self.job_id()}"
+        rctx = RunContext(self.provider.cluster_name, self.job_id(), ncfg.container, temp_dir,
+                          str(self.cdir.root), drain_timeout_s=pcfg.drain_timeout_s)
+        return get_runtime(ncfg.container.runtime), rctx
+
+    def step_env(self) -> dict[str, str]:
+        # srun inside another job (the head's autoscaler) must not inherit that job's
+        # SLURM_* variables; the Ray tools the step runs need the cluster's auth settings.
+        token = self.cdir.root / auth.TOKEN_FILE
+        a = auth.auth_env(self.provider.pcfg.auth.mode, token)
+        head = read_json(self.cdir.head_info) or {}
+        extra = dict(a)
+        if head:
+            extra["RAY_ADDRESS"] = f"{head['ip']}:{head['gcs_port']}"
+        return proc.clean_env(drop_prefixes=("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"),
+                              keep=("SLURM_CONF",), extra=extra)
+
+    # --- CommandRunnerInterface ---------------------------------------------------------
+    def run(
+        self,
+        cmd: str | None = None,
+        timeout: int = 120,
+        exit_on_fail: bool = False,
+        port_forward: list[tuple[int, int]] | None = None,
+        with_output: bool = False,
+        environment_variables: dict[str, object] | None = None,
+        run_env: str = "auto",
+        ssh_options_override_ssh_key: str = "",
+        shutdown_after_run: bool = False,
+    ) -> Any:
+        fwd = []
+        if port_forward:
+            head = read_json(self.cdir.head_info)
+            if not head:
+                self._fail("the head's Ray is not up, nothing to forward to", None,
+                           str(port_forward), exit_on_fail)
+            ports = port_block(self.provider.cluster_name, self.provider.pcfg.ports.base)
+            fwd = forward_all(port_forward, head["ip"], {DEFAULT_DASHBOARD_PORT: ports.dashboard})
+            for f in fwd:
+                print(f"Forwarding 127.0.0.1:{f.local_port} -> {f.host}:{f.remote_port}")
+        try:
+            if cmd is None:
+                print("Press Ctrl-C to stop forwarding.")
+                while True:
+                    time.sleep(3600)
+            return self._run(cmd, timeout, exit_on_fail, with_output,
+                             environment_variables, shutdown_after_run, run_env)
+        finally:
+            for f in fwd:
+                f.stop()
+
+    def _run(self, cmd: str, timeout: int, exit_on_fail: bool, with_output: bool,
+             env: dict[str, object] | None, shutdown_after_run: bool, run_env: str) -> Any:
+        prog = shellcmd.parse(cmd)
+        if prog.ray_start is not None:
+            self.handoff(prog, env, timeout)
+            return b"" if with_output else 0
+        special = prog.ray_stop or prog.shutdown
+        if prog.ray_stop:
+            self.stop_ray()
+        out: Any = b"" if with_output else 0
+        rest = " && ".join(prog.rest) if special else cmd
+        if rest.strip():
+            # Ray's rule: "auto" means inside the container unless the command drives the
+            # container runtime itself.
+            inside = run_env == "docker" or (
+                run_env == "auto" and not rest.lstrip().startswith(("docker ", "podman ")))
+            out = self.run_step(_env_exports(env) + rest, timeout, exit_on_fail, with_output,
+                                in_container=inside)
+        if prog.shutdown or shutdown_after_run:
+            self.provider.terminate_node(self.node_id)
+        return out
+
+    def run_step(self, shell_cmd: str, timeout: int, exit_on_fail: bool,
+                 with_output: bool, in_container: bool = False) -> Any:
+        self._check_alive(wait_s=timeout if shell_cmd.strip() == "uptime" else 0.0)
+        pty = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
+        argv = self.srun_argv(shell_cmd, pty=pty, in_container=in_container)
+        try:
+            if with_output:
+                res = proc.run(argv, env=self.step_env(), timeout=max(timeout, 60), check=False)
+                if res.returncode != 0:
+                    sys.stderr.write(res.stderr)
+                    self._fail("Command failed", res.returncode, shell_cmd, exit_on_fail)
+                return res.stdout.encode()
+            # Interactive and long commands (attach, exec, submit) get no time limit.
+            code = proc.run_attached(argv, env=self.step_env())
+        except proc.CommandError as e:
+            self._fail(str(e), e.returncode, shell_cmd, exit_on_fail)
+        if code != 0:
+            self._fail("Command failed", code, shell_cmd, exit_on_fail)
+        return code
+
+    def handoff(self, prog: shellcmd.Program, env: dict[str, object] | None,
+                timeout: int) -> None:
+        """Give `ray start` to the head's agent and wait for Ray to come up."""
+        self._check_alive()
+        req_id = uuid.uuid4().hex
+        env_s = {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+                 for k, v in (env or {}).items()}
+        write_json(self.ndir / "start.json", {
+            "id": req_id, "exports": prog.exports, "env": env_s, "before": prog.before,
+            "ray_start": prog.ray_start,
+        }, mode=0o600)
+        print(f"{self.log_prefix}Starting Ray in the batch step of Slurm job {self.node_id}")
+        deadline = time.monotonic() + max(timeout, 600)
+        next_query = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            res = read_json(self.ndir / "result.json")
+            if res and res.get("id") == req_id:
+                if res.get("ok"):
+                    self._announce()
+                    return
+                raise runner_error(
+                    f"ray start failed in job {self.node_id}: {res.get('error')} "
+                    f"(log: {self.cdir.log(self.node_id)})",
+                    1, "ray start")
+            if time.monotonic() >= next_query:
+                next_query = time.monotonic() + 5.0
+                self.provider.non_terminated_nodes({})
+                if self.provider.is_terminated(self.node_id):
+                    break
+            time.sleep(0.5)
+        raise runner_error(
+            f"Ray did not come up in job {self.node_id} "
+            f"(log: {self.cdir.log(self.node_id)})",
+            1, "ray start")
+
+    def _announce(self) -> None:
+        head = read_json(self.cdir.head_info) or {}
+        if head:
+            print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head['ip']}.\n"
+                  f"  Dashboard:   http://{head['ip']}:{head['dashboard_port']}\n"
+                  f"  GCS address: {head['ip']}:{head['gcs_port']}\n"
+                  f"  Use it from this shell: eval \"$(ray-slurm env CLUSTER.yaml)\"")
+
+    def stop_ray(self, timeout: float = 60.0) -> None:
+        """`ray stop`, scoped to this job: the agent stops its own Ray and nothing else."""
+        if not (self.ndir / "ray.json").exists():
+            return
+        (self.ndir / "stop").touch()
+        deadline = time.monotonic() + timeout
+        while (self.ndir / "ray.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
+        _copy(source, self._remote_path(target))
+
+    def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
+        _copy(self._remote_path(source), os.path.expanduser(target))
+
+    def _remote_path(self, path: str) -> str:
+        # The head's autoscaler config is per cluster, not per user's home: two clusters of
+        # one user must not overwrite each other's.
+        if path.rstrip("/") in BOOTSTRAP_FILES:
+            return str(self.cdir.bootstrap_config)
+        return os.path.expanduser(path)
+
+    def remote_shell_command_str(self) -> str:
+        return " ".join(self.srun_argv("bash", pty=True)[:-2]) + " bash\n"
+
+    def run_init(self, *, as_head: bool, file_mounts: dict[str, str],
+                 sync_run_yet: bool) -> bool | None:
+        return None
+
+
+def _copy(src: str, dst: str) -> None:
+    """rsync-like copy on the shared filesystem (`dir/` copies the contents)."""
+    s = Path(os.path.expanduser(src))
+    if s.is_dir():
+        shutil.copytree(s, dst, dirs_exist_ok=True)
+        return
+    d = Path(dst)
+    if dst.endswith("/") or d.is_dir():
+        d = d / s.name
+    d.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(s, d)

@@ -1,0 +1,202 @@
+"""`SlurmClient` over pyslurm (optional extra `ray-slurm-provider[pyslurm]`, GPL-2.0).
+
+pyslurm links libslurm, so its release must match the cluster's Slurm release exactly:
+pyslurm X.Y.z builds only against Slurm X.Y headers (PyPI ships only sdists; 25.11.x needs
+Slurm 25.11; for older Slurm install the matching tag from github.com/PySlurm/pyslurm or your
+site's package). It is imported on first use, never at module import, and every failure to
+load it, or a release that does not match the nodes' slurmd, is a `PermanentSlurmError` that
+says so.
+
+The pyslurm API used (pyslurm >= 23.2 "core" API): `__version__`, `RPCError`,
+`JobSubmitDescription(script=, name=, comment=, environment="ALL").load_sbatch_options()`
++ `.submit()`, `Jobs.load().values()` (Job: id, name, user_name, state, state_reason,
+allocated_nodes, batch_host, time_limit [min], run_time_remaining [s], submit_time,
+start_time [epoch], partition, comment), `Job(id).cancel()`, `Nodes.load().values()` (Node:
+name, address, state, total_cpus, real_memory, configured_gres {name: count}, partitions,
+version), `Partitions.load().values()` (Partition: name, nodes, max_time_limit,
+default_time [min or "UNLIMITED"], is_default, state). This was tested against a recorded
+fake of that surface only: no pyslurm builds against the sandbox's Slurm 22.05 here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from types import ModuleType
+from typing import Any
+
+from ray_slurm_provider.slurm.cli import LIST_STATES
+from ray_slurm_provider.slurm.client import (
+    ClusterInfo,
+    Job,
+    Node,
+    PermanentSlurmError,
+    SlurmError,
+    classify,
+    is_job_gone,
+)
+from ray_slurm_provider.slurm.rest import parse as rest_parse
+
+INSTALL_HINT = (
+    "pyslurm X.Y works only with Slurm X.Y: `pip install pyslurm==<your Slurm X.Y>.*` builds "
+    "against your Slurm headers and libslurmfull (PyPI has only 25.11.x, for Slurm 25.11; for "
+    "older releases install the matching tag from https://github.com/PySlurm/pyslurm or your "
+    "site's package), or use provider.slurm_api: cli or rest"
+)
+_STATES = frozenset(LIST_STATES.split(","))
+
+
+def major_minor(version: str) -> str:
+    """"24.5.1" / "24.05.3" -> "24.05"; "" when not a version."""
+    m = re.match(r"^(\d+)\.(\d+)", version.strip())
+    return f"{int(m.group(1))}.{int(m.group(2)):02d}" if m else ""
+
+
+class PyslurmSlurmClient:
+    """Talks to slurmctld through pyslurm; constructing it imports nothing."""
+
+    def __init__(self, *, module: ModuleType | None = None) -> None:
+        self._mod = module
+        self._lock = threading.Lock()
+        self._checked = False
+        self._release = ""
+        self._addrs: dict[str, str] = {}
+
+    # --- loading --------------------------------------------------------------------------
+
+    def lib(self) -> Any:
+        """pyslurm, imported on first use; PermanentSlurmError when missing or broken."""
+        with self._lock:
+            if self._mod is None:
+                try:
+                    self._mod = importlib.import_module("pyslurm")
+                except ModuleNotFoundError as e:
+                    raise PermanentSlurmError(
+                        f"provider.slurm_api is pyslurm but pyslurm is not installed ({e}); "
+                        f"{INSTALL_HINT}", command="pyslurm") from e
+                except (ImportError, OSError) as e:
+                    raise PermanentSlurmError(
+                        f"pyslurm is installed but cannot load against this machine's libslurm "
+                        f"({e}); it was built for another Slurm release. {INSTALL_HINT}",
+                        command="pyslurm") from e
+            return self._mod
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        lib = self.lib()
+        try:
+            return fn(*args)
+        except lib.RPCError as e:
+            raise classify(f"{what}: {e}", "pyslurm") from e
+
+    def _check_version(self, nodes: Iterable[Any]) -> None:
+        """Refuse a pyslurm whose release differs from the nodes' slurmd release."""
+        if self._checked:
+            return
+        ours = major_minor(str(getattr(self.lib(), "__version__", "")))
+        theirs = {major_minor(str(getattr(n, "version", "") or "")) for n in nodes} - {""}
+        if ours and theirs and ours not in theirs:
+            raise PermanentSlurmError(
+                f"pyslurm {self.lib().__version__} is for Slurm {ours}, but this cluster runs "
+                f"Slurm {', '.join(sorted(theirs))}. {INSTALL_HINT}", command="pyslurm")
+        self._checked = True
+
+    # --- SlurmClient ----------------------------------------------------------------------
+
+    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
+        lib = self.lib()
+        kw: dict[str, Any] = {"script": script, "environment": "ALL"}
+        if job_name:
+            kw["name"] = job_name
+        if comment:
+            kw["comment"] = comment
+        desc = lib.JobSubmitDescription(**kw)
+        self._call("reading #SBATCH options", desc.load_sbatch_options)
+        return str(self._call("submitting a job", desc.submit))
+
+    def list_jobs(self, job_name: str) -> list[Job]:
+        if not job_name or "," in job_name:
+            raise ValueError(f"job name must be non-empty and without commas: {job_name!r}")
+        lib = self.lib()
+        records = self._call("listing jobs", lib.Jobs.load)
+        user = _user()
+        jobs = []
+        for j in records.values():
+            if j.name != job_name or j.user_name != user:
+                continue
+            state = str(j.state or "").upper()
+            if state not in _STATES:
+                continue
+            limit = j.time_limit if isinstance(j.time_limit, int) else None
+            left = j.run_time_remaining if isinstance(j.run_time_remaining, int) else None
+            jobs.append(Job(
+                job_id=str(j.id), name=str(j.name), state=state,
+                reason="" if j.state_reason in (None, "None") else str(j.state_reason),
+                nodes=str(j.allocated_nodes or ""), batch_host=str(j.batch_host or ""),
+                time_limit_s=None if limit is None else limit * 60,
+                time_left_s=(None if limit is None else limit * 60) if state == "PENDING"
+                else (None if left is None else max(0, left)),
+                submit_time=rest_parse.stamp(j.submit_time or None),
+                start_time=rest_parse.stamp(j.start_time or None),
+                partition=str(j.partition or ""), comment=str(j.comment or "")))
+        hosts = {j.batch_host for j in jobs if j.batch_host}
+        if hosts and not hosts <= self._addrs.keys():
+            self.node_addresses()
+        return [replace(j, node_addr=self._addrs.get(j.batch_host, "")) for j in jobs]
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        ids = sorted({str(j).strip() for j in job_ids})
+        bad = [j for j in ids if not j.isdigit()]
+        if bad:
+            raise ValueError(f"not Slurm job ids: {bad}")
+        lib = self.lib()
+        for j in ids:
+            try:
+                self._call(f"cancelling job {j}", lib.Job(int(j)).cancel)
+            except SlurmError as e:
+                if not is_job_gone(e.slurm_message):
+                    raise
+
+    def cluster_info(self) -> ClusterInfo:
+        lib = self.lib()
+        nodes = self._nodes()
+        parts = self._call("listing partitions", lib.Partitions.load)
+        out = tuple(rest_parse.build_partition(
+            str(p.name), str(p.nodes or ""), nodes,
+            max_time_s=_minutes(p.max_time_limit), default_time_s=_minutes(p.default_time),
+            default=bool(p.is_default), state=str(p.state or "UP")) for p in parts.values())
+        return ClusterInfo(self._release, out)
+
+    def node_addresses(self) -> Mapping[str, str]:
+        self._nodes()
+        return dict(self._addrs)
+
+    def _nodes(self) -> list[tuple[Node, list[str]]]:
+        lib = self.lib()
+        raw = list(self._call("listing nodes", lib.Nodes.load).values())
+        self._check_version(raw)
+        self._release = next((str(n.version) for n in raw if getattr(n, "version", None)), "")
+        nodes = []
+        for n in raw:
+            gres = n.configured_gres or {}
+            gres_s = ",".join(f"{k}:{v}" for k, v in gres.items()) if isinstance(gres, Mapping) \
+                else str(gres)
+            nodes.append((Node(name=str(n.name), addr=str(n.address or n.name),
+                               state=str(n.state or "").upper(), cpus=int(n.total_cpus or 0),
+                               memory_mb=int(n.real_memory or 0), gres=gres_s),
+                          [str(p) for p in (n.partitions or [])]))
+        self._addrs = {node.name: node.addr for node, _ in nodes}
+        return nodes
+
+
+def _minutes(value: Any) -> int | None:
+    return value * 60 if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _user() -> str:
+    import getpass
+    import os
+
+    return os.environ.get("USER") or getpass.getuser()

@@ -1,0 +1,132 @@
+"""Reading Ray's command strings, and the `ray start` line the agent builds from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ray_slurm_provider import shellcmd
+from ray_slurm_provider.agent.raystart import allocation, ray_start_argv
+from ray_slurm_provider.nodespec import NodeSpec
+from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.state import ClusterDir
+
+
+def test_split_respects_quotes() -> None:
+    cmd = "export A='x; y'; echo \"a && b\" && ray start --head; ray stop || true"
+    assert shellcmd.split_top_level(cmd) == [
+        "export A='x; y'",
+        'echo "a && b"',
+        "ray start --head",
+        "ray stop",
+        "true",
+    ]
+
+
+def test_parse_ray_up_head_start() -> None:
+    cmd = (
+        "export RAY_enable_autoscaler_v2=1; export RAY_CLOUD_INSTANCE_ID=42; "
+        "ulimit -n 65536; ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"
+    )
+    p = shellcmd.parse(cmd)
+    assert p.exports == {"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": "42"}
+    assert p.before == ["ulimit -n 65536"]
+    assert p.ray_start == [
+        "ray",
+        "start",
+        "--head",
+        "--autoscaling-config=~/ray_bootstrap_config.yaml",
+    ]
+
+
+def test_parse_exec_stop_is_scoped() -> None:
+    p = shellcmd.parse(
+        "ray stop; ray teardown ~/ray_bootstrap_config.yaml --yes "
+        "--workers-only; sudo shutdown -h now"
+    )
+    assert p.ray_stop and p.shutdown and p.ray_start is None
+    assert p.rest == ["ray teardown ~/ray_bootstrap_config.yaml --yes --workers-only"]
+
+
+def test_plain_command_untouched() -> None:
+    p = shellcmd.parse("uptime")
+    assert p.rest == ["uptime"] and not p.ray_stop and p.ray_start is None
+
+
+def test_flags() -> None:
+    argv = ["ray", "start", "--port", "1", "--head"]
+    assert shellcmd.get_flag(argv, "--port") == "1"
+    assert shellcmd.set_flag(argv, "--port", "2") == ["ray", "start", "--head", "--port=2"]
+
+
+def test_allocation_from_slurm_env() -> None:
+    env = {"SLURM_CPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_MEM_PER_NODE": "2000"}
+    assert allocation(env) == (4, 2, 2000 * 1024 * 1024)
+    assert allocation({}) == (None, None, None)
+
+
+def _spec(kind: str, **kw: object) -> NodeSpec:
+    return NodeSpec(
+        kind=kind, node_type="t", cluster_name="c1", state_dir="/s", ports_base=25000, **kw
+    )  # type: ignore[arg-type]
+
+
+def test_worker_start_gets_allocation_ports_and_ids(tmp_path: Path) -> None:
+    prog = shellcmd.parse("ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT")
+    env = {
+        "SLURM_CPUS_ON_NODE": "2",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "SLURM_MEM_PER_NODE": "1000",
+        "HOME": "/home/u",
+    }
+    argv, renv = ray_start_argv(
+        _spec("worker", resources={"CPU": 1, "acc": 2}),
+        prog,
+        env=env,
+        job_id="77",
+        node_ip="127.0.0.3",
+        head_ip="127.0.0.2",
+        temp_dir="/tmp/rsp-77",
+        cluster_dir=ClusterDir(str(tmp_path), "c1"),
+    )
+    assert argv[1:3] == ["start", "--address=127.0.0.2:25000"]
+    assert "--node-ip-address=127.0.0.3" in argv
+    assert "--num-cpus=1" in argv  # the node type's resources win over the allocation
+    assert "--num-gpus=1" in argv
+    assert f"--memory={1000 * 1024 * 1024}" in argv
+    assert '--resources={"acc": 2}' in argv
+    assert "--temp-dir=/tmp/rsp-77" in argv and argv[-1] == "--block"
+    assert "--dashboard-agent-listen-port=0" in argv
+    assert renv["RAY_CLOUD_INSTANCE_ID"] == "77" and renv["RAY_NODE_TYPE_NAME"] == "t"
+    assert renv["RAY_AUTH_MODE"] == "token"
+    assert renv["RAY_AUTH_TOKEN_PATH"].endswith("c1/auth_token")
+    assert "RAY_AUTH_TOKEN" not in renv
+
+
+def test_head_start_gets_port_block_and_cluster_bootstrap(tmp_path: Path) -> None:
+    prog = shellcmd.parse(
+        "export RAY_enable_autoscaler_v2=1; ray start --head "
+        "--autoscaling-config=~/ray_bootstrap_config.yaml --port=6379"
+    )
+    cdir = ClusterDir(str(tmp_path), "c1")
+    argv, renv = ray_start_argv(
+        _spec("head", auth_mode="disabled"),
+        prog,
+        env={},
+        job_id="5",
+        node_ip="127.0.0.2",
+        head_ip="127.0.0.2",
+        temp_dir="/tmp/rsp-5",
+        cluster_dir=cdir,
+    )
+    assert "--port=6379" in argv  # the user's explicit choice is kept
+    assert f"--autoscaling-config={cdir.bootstrap_config}" in argv
+    assert "--dashboard-host=127.0.0.2" in argv and "--dashboard-port=25001" in argv
+    assert renv["RAY_enable_autoscaler_v2"] == "1"
+    assert renv["AUTOSCALER_METRIC_PORT"] == "25003"
+    assert renv["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_port_blocks_differ_per_cluster_and_are_stable() -> None:
+    a, b = port_block("one", user="u"), port_block("two", user="u")
+    assert a != b and port_block("one", user="u") == a
+    assert 24000 <= a.base < 32000 and port_block("x", 30000).base == 30000

@@ -1,0 +1,221 @@
+"""Rejected and failed launches: per-type backoff, errors.json, stray submissions, crash loops.
+
+All on FakeSlurm with the injected clock: nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from ray.autoscaler.node_launch_exception import NodeLaunchException
+from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
+
+from ray_slurm_provider.provider.provider import SlurmNodeProvider
+from ray_slurm_provider.provider.submit import (
+    MAX_DELAY_S,
+    SUBMIT_TAG,
+    HeldBack,
+    LaunchGuard,
+    Strays,
+    last_agent_line,
+)
+from ray_slurm_provider.slurm.client import TransientSlurmError, classify
+from ray_slurm_provider.state import write_json
+from tests.fakes import BAD_PARTITION, FakeClock, FakeSlurm
+from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
+
+QOS_LIMIT = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission "
+             "failed: Job violates accounting/QOS policy (job submit limit, user's size and/or "
+             "time limits)")
+
+
+def make(tmp_path: Path) -> tuple[SlurmNodeProvider, FakeSlurm, FakeClock]:
+    clock = FakeClock()
+    p = SlurmNodeProvider({"type": "external", "state_dir": str(tmp_path / "state"),
+                           "python": "/opt/venv/bin/python"}, "c1")
+    f = FakeSlurm(clock)
+    p._client = f
+    p.guard = LaunchGuard(p.cluster_dir.root / "errors.json", clock)
+    p.strays = Strays(clock)
+    return p, f, clock
+
+
+def errors(p: SlurmNodeProvider) -> dict[str, Any]:
+    return dict(json.loads((p.cluster_dir.root / "errors.json").read_text()))
+
+
+def test_guard_backs_off_doubling_and_clears_on_success(tmp_path: Path) -> None:
+    clock = FakeClock()
+    g = LaunchGuard(tmp_path / "errors.json", clock)
+    g.check("w")  # nothing recorded: free to launch
+    delays = [g.failed("w", "refused", "rejected") for _ in range(6)]
+    assert delays == [60, 120, 240, 480, MAX_DELAY_S, MAX_DELAY_S]
+    with pytest.raises(HeldBack, match=r"held back for 600s more after 6 failed.*refused"):
+        g.check("w")
+    g.check("other")  # per node type
+    clock.advance(MAX_DELAY_S)
+    g.check("w")
+    g.succeeded("w")
+    assert g.error("w") is None and json.loads((tmp_path / "errors.json").read_text()) == {}
+    assert g.failed("w", "controller down", "unavailable") == 5  # transient: short
+
+
+def test_guard_is_thread_safe(tmp_path: Path) -> None:
+    g = LaunchGuard(None, FakeClock())
+
+    def hammer() -> None:
+        for _ in range(200):
+            g.failed("w", "x", "rejected")
+            try:
+                g.check("w")
+            except HeldBack:
+                pass
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    err = g.error("w")
+    assert err is not None and err.failures == 1600 and err.held_back == 1600
+
+
+def test_rejected_worker_is_held_back_without_asking_slurm(tmp_path: Path) -> None:
+    p, f, clock = make(tmp_path)
+    with pytest.raises(NodeLaunchException, match="Invalid partition name specified") as e:
+        p.create_node({"partition": "nope"}, WORKER_TAGS, 1)
+    assert e.value.category == "SlurmRejected"
+    assert f.calls["submit"] == 1
+    entry = errors(p)["cpu_worker"]
+    assert BAD_PARTITION.split(": ", 1)[1] in entry["message"]
+    assert entry["kind"] == "rejected" and entry["failures"] == 1
+    # The autoscaler asks again every tick (5 s): Slurm is not asked for a minute.
+    for _ in range(11):
+        clock.advance(5)
+        with pytest.raises(NodeLaunchException, match="held back"):
+            p.create_node({"partition": "nope"}, WORKER_TAGS, 1)
+    assert f.calls["submit"] == 1
+    clock.advance(5)
+    with pytest.raises(NodeLaunchException):
+        p.create_node({"partition": "nope"}, WORKER_TAGS, 1)
+    assert f.calls["submit"] == 2 and errors(p)["cpu_worker"]["failures"] == 2
+    # Other node types launch meanwhile, and the fixed type launches after its backoff.
+    other = {**WORKER_TAGS, TAG_RAY_USER_NODE_TYPE: "gpu_worker"}
+    assert p.create_node({"partition": "gpu"}, other, 1)
+    clock.advance(120)
+    assert p.create_node({"partition": "cpu"}, WORKER_TAGS, 1)
+    assert "cpu_worker" not in errors(p)
+
+
+def test_limit_message_is_quoted(tmp_path: Path) -> None:
+    p, f, _ = make(tmp_path)
+    f.fail_next("submit", classify(QOS_LIMIT, "sbatch"))
+    with pytest.raises(NodeLaunchException, match="QOSMaxSubmitJobPerUserLimit"):
+        p.create_node({}, WORKER_TAGS, 1)
+    assert "job submit limit" in errors(p)["cpu_worker"]["message"]
+
+
+def test_rejected_head_is_a_clean_cli_error(tmp_path: Path) -> None:
+    p, _, _ = make(tmp_path)
+    with pytest.raises(click.ClickException, match="Invalid partition name specified"):
+        p.create_node({"partition": "nope"}, HEAD_TAGS, 1)
+    assert errors(p)["head"]["kind"] == "rejected"
+
+
+def test_job_of_a_failed_submission_is_cancelled_not_adopted(tmp_path: Path) -> None:
+    p, f, _ = make(tmp_path)
+    real = f.submit
+
+    def queued_but_lost(script: str, *, comment: str = "", job_name: str = "") -> str:
+        real(script, comment=comment, job_name=job_name)
+        raise TransientSlurmError("sbatch: no answer within 30s", "", "sbatch")
+
+    f.submit = queued_but_lost  # type: ignore[method-assign]
+    with pytest.raises(NodeLaunchException) as e:
+        p.create_node({}, WORKER_TAGS, 1)
+    assert e.value.category == "SlurmUnavailable"
+    (stray,) = f.jobs
+    assert p.non_terminated_nodes({}) == []
+    assert f.jobs[stray].job.state == "CANCELLED" and f.cancelled == [[stray]]
+
+
+def test_submission_nonce_never_reaches_ray(tmp_path: Path) -> None:
+    p, f, _ = make(tmp_path)
+    (job,) = p.create_node({}, WORKER_TAGS, 1)
+    assert SUBMIT_TAG in f.jobs[job].job.comment
+    p.non_terminated_nodes({})
+    assert SUBMIT_TAG not in p.node_tags(job)
+
+
+def test_worker_dying_before_ray_starts_holds_its_type_back(tmp_path: Path) -> None:
+    p, f, clock = make(tmp_path)
+    for _ in range(2):  # one such job is bad luck, not held against the type; two are
+        (job,) = p.create_node({}, WORKER_TAGS, 1)
+        f.start(job)
+        p.non_terminated_nodes({})
+        log = p.cluster_dir.log(job)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("[ray-slurm 01:02:03] running: module load nope\nmodule: not found\n"
+                       "[ray-slurm 01:02:04] giving up: Ray never started on this node\n")
+        f.finish(job, "FAILED")
+        p.non_terminated_nodes({})
+    entry = errors(p)["cpu_worker"]
+    assert entry["failures"] == 2
+    assert entry["kind"] == "crashed" and "giving up: Ray never started" in entry["message"]
+    with pytest.raises(NodeLaunchException, match="held back") as e:
+        p.create_node({}, WORKER_TAGS, 1)
+    assert e.value.category == "JobDiedAtStart"
+    # A worker whose Ray was up, then lost (scancel, node failure, walltime), is no crash.
+    clock.advance(61)
+    (job2,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(job2)
+    write_json(p.cluster_dir.node(job2) / "ray.json", {"ip": "x"})
+    p.non_terminated_nodes({})
+    f.finish(job2, "CANCELLED")
+    p.non_terminated_nodes({})
+    assert "cpu_worker" not in errors(p)
+    # Nor is a worker the autoscaler terminated itself.
+    (job3,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(job3)
+    p.non_terminated_nodes({})
+    p.terminate_node(job3)
+    p.non_terminated_nodes({})
+    assert "cpu_worker" not in errors(p)
+
+
+def test_last_agent_line(tmp_path: Path) -> None:
+    log = tmp_path / "1.out"
+    assert last_agent_line(log) == ""
+    log.write_text("x" * 20000 + "\n[ray-slurm 1] a\nnoise\n[ray-slurm 2] b\ntrailing\n")
+    assert last_agent_line(log) == "[ray-slurm 2] b"
+
+
+def test_strays_expire(tmp_path: Path) -> None:
+    clock = FakeClock()
+    s = Strays(clock, keep_s=100)
+    s.add("a")
+    clock.advance(101)
+    s.add("b")
+    assert "a" not in s and "b" in s
+
+
+def test_worker_tags_fixture_is_a_worker() -> None:
+    assert WORKER_TAGS[TAG_RAY_NODE_KIND] == NODE_KIND_WORKER
+
+
+def test_status_command_shows_the_launch_error(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli import status
+
+    p, _, _ = make(tmp_path)
+    with pytest.raises(NodeLaunchException):
+        p.create_node({"partition": "nope"}, WORKER_TAGS, 1)
+    data = {"cluster": "c1", "job_name": "ray-c1", "nodes": [], "other_jobs": 0, "head": None,
+            "launch_errors": errors(p)}
+    text = "\n".join(status.status_lines(data))
+    assert "cpu_worker: launch failing (rejected, 1 in a row; held back until" in text
+    assert "Invalid partition name specified" in text
