@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+
 from ray_slurm_provider.cli import doctor, status, validate
 from ray_slurm_provider.cli import findings as checks
-
 from ray_slurm_provider.cli.common import Cluster, duration, load_cluster, report
 from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.jobs import encode_tags
