@@ -16,20 +16,13 @@ from pathlib import Path
 
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.state import write_json
+from ray_slurm_provider.units import fmt_duration
 
 logger = logging.getLogger(__name__)
 
 INFO_EVERY_S = 600.0
 WARN_EVERY_S = 60.0
 WRITE_EVERY_S = 60.0
-
-
-def fmt_duration(seconds: int) -> str:
-    """Seconds as Slurm prints a duration: [D-]HH:MM:SS."""
-    d, rest = divmod(max(0, int(seconds)), 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def warn_below_s(limit_s: int | None) -> int:

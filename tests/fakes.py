@@ -23,7 +23,8 @@ from ray_slurm_provider.slurm.client import (
     SlurmError,
     classify,
 )
-from ray_slurm_provider.slurm.parse import parse_duration, parse_gres_gpus
+from ray_slurm_provider.slurm.parse import parse_gres_gpus
+from ray_slurm_provider.units import parse_duration
 
 #: Real Slurm 22.05 messages (tests/fixtures/slurm-22.05/*.txt).
 OUTAGE_MESSAGES = {

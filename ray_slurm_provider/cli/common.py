@@ -112,18 +112,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
-def duration(seconds: int | None) -> str:
-    """Seconds as Slurm prints them: D-HH:MM:SS, HH:MM:SS or MM:SS; "UNLIMITED" for None."""
-    if seconds is None:
-        return "UNLIMITED"
-    d, rest = divmod(max(0, int(seconds)), 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
-    return f"{h:02d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
-
-
 def run_command(fn: Callable[[], int]) -> int:
     """Run a command body; CommandError becomes one line on stderr and exit code 2."""
     try:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ray_slurm_provider.cli.common import Finding, duration
+from ray_slurm_provider.cli.common import Finding
 from ray_slurm_provider.config import ConfigError, NodeConfig
 from ray_slurm_provider.provider.checks import check_live
 from ray_slurm_provider.slurm.client import ClusterInfo
+from ray_slurm_provider.units import fmt_duration
 
 
 def node_type_findings(config: Mapping[str, Any], t: str, ncfg: NodeConfig,
@@ -33,7 +34,7 @@ def node_type_findings(config: Mapping[str, Any], t: str, ncfg: NodeConfig,
                         f"use one of: {names}")]
     out = [Finding("ok", where, f"partition {part.name}: {len(part.nodes)} nodes, "
                    f"{part.cpus_per_node} CPUs, {part.memory_mb_per_node}M, "
-                   f"{part.gpus_per_node} GPUs per node, MaxTime {duration(part.max_time_s)}")]
+                   f"{part.gpus_per_node} GPUs per node, MaxTime {fmt_duration(part.max_time_s)}")]
     if part.state.upper() != "UP":
         out.append(Finding("warn", where, f"partition {part.name} is {part.state}",
                            "jobs pend until an admin sets it UP; pick another partition"))

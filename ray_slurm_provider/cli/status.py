@@ -23,7 +23,6 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_
 from ray_slurm_provider.cli.common import (
     Cluster,
     CommandError,
-    duration,
     load_cluster,
     run_command,
     table,
@@ -31,6 +30,7 @@ from ray_slurm_provider.cli.common import (
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.client import Job, SlurmError
 from ray_slurm_provider.state import read_json
+from ray_slurm_provider.units import fmt_duration
 
 KIND, NODE_TYPE, STATUS = TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RAY_NODE_STATUS
 
@@ -98,7 +98,7 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         why = f"{r['reason']} ({r['expected_start'] or 'start unknown'})" if r["reason"] else ""
         ray = "up" if r["ray_up"] else (r["ray_status"] or "-")
         body.append([r["node_type"], r["kind"], r["job_id"], r["state"], r["node"] or "-",
-                     r["address"] or "-", ray, r["resources"], duration(r["time_left_s"]),
+                     r["address"] or "-", ray, r["resources"], fmt_duration(r["time_left_s"]),
                      why])
     out = table(headers, body)
     head = data["head"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import sys
 from typing import Any
 
@@ -26,12 +25,12 @@ from ray_slurm_provider.config import (
 )
 from ray_slurm_provider.provider.checks import check_live, check_static
 from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
+from ray_slurm_provider.units import MIB, mem_bytes
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEAD_START = ["ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"]
 DEFAULT_WORKER_START = ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
-MIB = 1024 * 1024
 
 
 def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
@@ -109,20 +108,6 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         }
     provider["_node_types"] = node_types
     return config
-
-
-_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
-
-
-def mem_bytes(mem: str) -> int | None:
-    """Slurm --mem value (default unit MiB) in bytes; None for 0 ("all")."""
-    m = _MEM.match(mem.strip())
-    if not m:
-        raise ConfigError(f"mem: {mem!r} is not a Slurm memory size (e.g. 4000, 16G)")
-    n = int(m.group(1)) * {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[
-        m.group(2).upper()
-    ]
-    return int(n * MIB) or None
 
 
 def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:

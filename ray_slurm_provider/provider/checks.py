@@ -19,17 +19,14 @@ from typing import Any
 from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import NodeCommands, build_job
 from ray_slurm_provider.slurm.client import ClusterInfo, Partition
-from ray_slurm_provider.slurm.parse import parse_duration
 from ray_slurm_provider.slurm.script import ScriptError, validate
-from ray_slurm_provider.walltime import fmt_duration
+from ray_slurm_provider.units import TIME_FORMS, fmt_duration, mem_mb, parse_duration
 
 logger = logging.getLogger(__name__)
 
-TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
 #: Ray's longest Unix socket path below the node's temp dir (`rsp-<job id>/session_<date>_
 #: <time>_<usec>_<pid>/sockets/plasma_store`) must stay under Linux's 107 bytes.
 TEMP_DIR_ROOT_MAX = 28
-_MEM = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
 #: A container image reference or file: reaches the runtime's argv, where a leading `-` would
 #: be taken as an option (`--privileged`); blanks and control characters are never part of one.
 IMAGE = re.compile(r"[A-Za-z0-9_./~][!-~]*")
@@ -54,13 +51,14 @@ def time_limit_s(ncfg: NodeConfig, path: str) -> int | None:
                           f"{TIME_FORMS}") from None
 
 
-def mem_mb(mem: str, path: str) -> int:
-    m = _MEM.match(mem.strip())
-    if not m:
-        raise ConfigError(f"{path}.mem: {mem!r} is not a Slurm memory size; valid: a whole "
-                          "number of MiB or one with a K/M/G/T suffix (4000, 16G, 0 for all)")
-    return int(int(m.group(1)) * {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[
-        m.group(2).upper()])
+def node_mem_mb(ncfg: NodeConfig, path: str) -> int | None:
+    """The node type's `mem` in MiB (None: not set); a ConfigError names the key."""
+    if ncfg.mem is None:
+        return None
+    try:
+        return mem_mb(ncfg.mem)
+    except ValueError as e:
+        raise ConfigError(f"{path}.mem: {e}") from None
 
 
 def _commands(config: Mapping[str, Any], nt: Mapping[str, Any]) -> NodeCommands:
@@ -85,8 +83,7 @@ def check_static(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig]) -> 
         nc = f"available_node_types.{t}.node_config"
         nt = (config.get("available_node_types") or {}).get(t) or {}
         limit = time_limit_s(ncfg, nc)
-        if ncfg.mem is not None:
-            mem_mb(ncfg.mem, nc)
+        node_mem_mb(ncfg, nc)
         if ncfg.drain_before_limit_s < 0:
             raise ConfigError(f"{nc}.drain_before_limit_s: {ncfg.drain_before_limit_s} is "
                               "negative; valid: 0 (off) or seconds before the time limit")
@@ -167,8 +164,8 @@ def check_live(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig],
             raise ConfigError(f"{ckey}: {cpus} is more than the {part.cpus_per_node} CPUs per "
                               f"node of partition {part.name!r}; valid: 1 to "
                               f"{part.cpus_per_node}")
-        if ncfg.mem is not None and part.memory_mb_per_node \
-                and mem_mb(ncfg.mem, nc) > part.memory_mb_per_node:
+        mem = node_mem_mb(ncfg, nc)
+        if mem is not None and part.memory_mb_per_node and mem > part.memory_mb_per_node:
             raise ConfigError(f"{nc}.mem: {ncfg.mem!r} is more than the "
                               f"{part.memory_mb_per_node}M per node of partition "
                               f"{part.name!r}; valid: 0 (all) up to {part.memory_mb_per_node}M")

@@ -26,6 +26,7 @@ from ray_slurm_provider.slurm.client import (
     classify,
     is_job_gone,
 )
+from ray_slurm_provider.units import parse_duration
 
 #: Variables that change what Slurm commands do, or that sbatch would copy into the jobs we
 #: submit (the provider itself often runs inside a Slurm job). SLURM_CONF is kept: it says
@@ -264,8 +265,8 @@ def _partition(r: dict[str, str], nodes: list[tuple[Node, list[str]]]) -> Partit
         memory_mb_per_node=min((n.memory_mb for n in members), default=0),
         gpus_per_node=parse.parse_gres_gpus(smallest.gres) if smallest else 0,
         gres=smallest.gres if smallest else "",
-        max_time_s=parse.parse_duration(r.get("MaxTime", "UNLIMITED")),
-        default_time_s=parse.parse_duration(r.get("DefaultTime", "NONE")),
+        max_time_s=parse_duration(r.get("MaxTime", "UNLIMITED")),
+        default_time_s=parse_duration(r.get("DefaultTime", "NONE")),
         default=r.get("Default", "NO").upper() == "YES",
         state=r.get("State", "UP"),
     )

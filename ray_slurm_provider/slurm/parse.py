@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from ray_slurm_provider.slurm.client import Job
+from ray_slurm_provider.units import parse_duration
 
 #: ASCII unit separator: cannot appear in node, partition or (our) job names.
 DELIM = "\x1f"
@@ -32,8 +33,6 @@ SQUEUE_FORMAT = DELIM.join(code for _, code in SQUEUE_FIELDS)
 #: What Slurm prints for "no value" in the fields above.
 _EMPTY = frozenset({"", "(null)", "n/a", "N/A", "None", "NONE", "Unknown"})
 
-_NO_TIME = frozenset({"UNLIMITED", "INFINITE", "NOT_SET", "INVALID", "NONE", "N/A", "(null)"})
-_DURATION = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def parse_sbatch(stdout: str) -> str:
@@ -45,29 +44,6 @@ def parse_sbatch(stdout: str) -> str:
     if not job_id.isdigit():
         raise ValueError(f"unexpected sbatch --parsable output: {stdout.strip()!r}")
     return job_id
-
-
-def parse_duration(text: str) -> int | None:
-    """Slurm duration -> seconds; None for unlimited/unset.
-
-    Accepts MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS (Slurm's own input forms,
-    which include every form squeue/scontrol print). Raises ValueError on anything else.
-    """
-    s = text.strip()
-    if s.upper() in _NO_TIME:
-        return None
-    m = _DURATION.match(s)
-    if not m:
-        raise ValueError(f"not a Slurm duration: {text!r}")
-    days, a, b, c = m.groups()
-    n = int(a)
-    if days is not None:  # D-HH[:MM[:SS]]
-        return int(days) * 86400 + n * 3600 + int(b or 0) * 60 + int(c or 0)
-    if c is not None:  # HH:MM:SS
-        return n * 3600 + int(b) * 60 + int(c)
-    if b is not None:  # MM:SS
-        return n * 60 + int(b)
-    return n * 60  # MM
 
 
 def _clean(value: str) -> str:

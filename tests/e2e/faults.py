@@ -22,7 +22,8 @@ from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import Job
-from ray_slurm_provider.slurm.parse import parse_duration, parse_kv_line
+from ray_slurm_provider.slurm.parse import parse_kv_line
+from ray_slurm_provider.units import parse_duration
 from tests.e2e.harness import RayCluster
 
 _LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")

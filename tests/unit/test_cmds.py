@@ -12,12 +12,13 @@ import yaml
 
 from ray_slurm_provider.cli import doctor, status, validate
 from ray_slurm_provider.cli import findings as checks
-from ray_slurm_provider.cli.common import Cluster, duration, load_cluster, report
+from ray_slurm_provider.cli.common import Cluster, load_cluster, report
 from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
 from ray_slurm_provider.state import ClusterDir, write_json
+from ray_slurm_provider.units import fmt_duration as duration
 from tests.fakes import FakeSlurm
 
 SANDBOX_YAML = Path(__file__).resolve().parents[2] / "cluster-configs" / "sandbox.yaml"

@@ -8,6 +8,7 @@ import pytest
 
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.parse import DELIM
+from ray_slurm_provider.units import parse_duration
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 
@@ -44,13 +45,13 @@ def fixture(name: str) -> str:
     ],
 )
 def test_parse_duration(text: str, seconds: int | None) -> None:
-    assert parse.parse_duration(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1:2:3:4", "-5", "1-", "1.5", "1-2-3"])
 def test_parse_duration_rejects_garbage(text: str) -> None:
     with pytest.raises(ValueError):
-        parse.parse_duration(text)
+        parse_duration(text)
 
 
 # --- sbatch ---------------------------------------------------------------------------------
@@ -260,8 +261,8 @@ def test_parse_scontrol_partitions_recorded() -> None:
     parts = parse.parse_scontrol_records(fixture("scontrol_show_partition.txt"), "PartitionName")
     assert [(p["PartitionName"], p["Default"]) for p in parts] == [("cpu", "YES"), ("gpu", "NO")]
     cpu = parts[0]
-    assert parse.parse_duration(cpu["MaxTime"]) is None
-    assert parse.parse_duration(cpu["DefaultTime"]) is None
+    assert parse_duration(cpu["MaxTime"]) is None
+    assert parse_duration(cpu["DefaultTime"]) is None
     assert parse.expand_hostlist(cpu["Nodes"]) == ["n1", "n2", "n3"]
     assert cpu["TRES"].startswith("cpu=6,")
 

@@ -15,7 +15,8 @@ from ray_slurm_provider.jobs import NodeCommands, build_job
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import write_json
-from ray_slurm_provider.walltime import HeadWalltime, fmt_duration, warn_below_s
+from ray_slurm_provider.units import fmt_duration
+from ray_slurm_provider.walltime import HeadWalltime, warn_below_s
 from tests.fakes import FakeClock, FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
 from tests.unit.test_submit import make
@@ -59,7 +60,7 @@ def test_head_time_left_logged_and_warned(tmp_path: Path, caplog: pytest.LogCapt
     assert caplog.text == ""
     clock.advance(5)
     assert w.observe(head_job(700))  # inside the 12-minute window of a 2-hour limit
-    assert "WARNING" in caplog.text and "ends in 00:11:40" in caplog.text
+    assert "WARNING" in caplog.text and "ends in 11:40" in caplog.text
     assert "scontrol update JobId=7 TimeLimit" in caplog.text
     assert json.loads(path.read_text())["warning"] is True
     caplog.clear()
@@ -68,7 +69,7 @@ def test_head_time_left_logged_and_warned(tmp_path: Path, caplog: pytest.LogCapt
     assert caplog.text == ""  # a warning a minute, not per tick
     clock.advance(30)
     w.observe(head_job(640))
-    assert "ends in 00:10:40" in caplog.text
+    assert "ends in 10:40" in caplog.text
     # Extended: out of the window at once.
     clock.advance(5)
     assert not w.observe(head_job(20000, 30000))

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray_slurm_provider.slurm.client import PermanentSlurmError
-from ray_slurm_provider.slurm.parse import parse_duration
+from ray_slurm_provider.units import mem_mb, parse_duration
 
 LEGACY = "v0.0.38"
 _SHORT = {"A": "account", "C": "constraint", "D": "chdir", "G": "gpus", "H": "hold",
@@ -40,7 +40,6 @@ _SHORT = {"A": "account", "C": "constraint", "D": "chdir", "G": "gpus", "H": "ho
           "e": "error", "i": "input", "n": "ntasks", "o": "output", "p": "partition",
           "q": "qos", "t": "time", "w": "nodelist", "x": "exclude"}
 _FLAGS = frozenset({"exclusive", "hold", "requeue", "no-requeue", "H"})
-_MEM = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
 _SIGNAL = re.compile(r"^(?:(R|B|RB|BR):)?([A-Za-z0-9]+)(?:@(\d+))?$")
 
 
@@ -99,11 +98,10 @@ def _minutes(value: str) -> int | None:
 
 
 def _mem_mb(key: str, value: str) -> int:
-    m = _MEM.match(value.strip())
-    if not m:
-        raise _unsupported(f"--{key}={value}", "not a memory size")
-    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 ** 2}[m.group(2).upper()]
-    return math.ceil(int(m.group(1)) * factor)
+    try:
+        return mem_mb(value)
+    except ValueError:
+        raise _unsupported(f"--{key}={value}", "not a memory size") from None
 
 
 def _tres(desc: dict[str, Any], field: str, item: str) -> None:
