@@ -20,13 +20,27 @@ from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import ClusterDir
+from ray_slurm_provider.units import MIB
 
 COMMENT_PREFIX = "ray-slurm:"
-MIB = 1024 * 1024
+#: Linux's limit on a Unix socket path (sun_path holds 108 bytes with the final NUL).
+SOCKET_PATH_MAX = 107
+#: Ray's longest socket path below a node's temp dir root, for a 10-digit job id:
+#: rsp-<job>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store.
+LONGEST_SOCKET_BELOW_ROOT = len("/rsp-1234567890/session_2026-01-01_00-00-00_000000_4194304"
+                                "/sockets/plasma_store")
+#: The longest `provider.temp_dir_root` that keeps every Ray socket path within the limit.
+TEMP_DIR_ROOT_MAX = SOCKET_PATH_MAX - LONGEST_SOCKET_BELOW_ROOT
 
 
 def job_name(cluster_name: str) -> str:
+    """Every job of a cluster has this name: one `squeue --name` lists the whole cluster."""
     return f"ray-{cluster_name}"
+
+
+def temp_dir(root: str, job_id: str) -> str:
+    """A node's Ray temp dir: short and per job (the numeric SLURM_JOB_ID), node-local."""
+    return f"{root.rstrip('/')}/rsp-{job_id}"
 
 
 def encode_tags(tags: Mapping[str, str]) -> str:

@@ -23,16 +23,12 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 from ray_slurm_provider import auth, proc
 from ray_slurm_provider.cli.common import Cluster, Finding, Level, load_cluster, report, run_command
 from ray_slurm_provider.config import ConfigError, parse_node_config
-from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.jobs import LONGEST_SOCKET_BELOW_ROOT, SOCKET_PATH_MAX, decode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.provider.bootstrap import validate
 from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
 from ray_slurm_provider.slurm.rest import http as rest_http
 
-#: Longest Ray socket path under the temp dir: rsp-<10-digit job>/session_<date>_<time>_<us>_
-#: <pid>/sockets/plasma_store; Unix socket paths hold at most 107 bytes.
-SOCKET_SUFFIX = len("/rsp-1234567890/session_2026-01-01_00-00-00_000000_4194304"
-                    "/sockets/plasma_store")
 PORT_NAMES = ("GCS", "dashboard", "Ray client", "autoscaler metrics", "dashboard metrics")
 
 
@@ -147,9 +143,9 @@ def files_findings(cluster: Cluster) -> list[Finding]:
     except proc.CommandError as e:
         out.append(Finding("fail", "node agent Python", f"{python}: {e}",
                            "set provider.python to a Python with both installed"))
-    longest = len(cluster.pcfg.temp_dir_root.rstrip("/")) + SOCKET_SUFFIX
-    out.append(Finding("warn" if longest > 107 else "ok", "Ray temp dir",
-                       f"socket paths up to {longest} bytes (limit 107)",
+    longest = len(cluster.pcfg.temp_dir_root.rstrip("/")) + LONGEST_SOCKET_BELOW_ROOT
+    out.append(Finding("warn" if longest > SOCKET_PATH_MAX else "ok", "Ray temp dir",
+                       f"socket paths up to {longest} bytes (limit {SOCKET_PATH_MAX})",
                        "set provider.temp_dir_root to a shorter path, e.g. /tmp"))
     return out
 

@@ -17,16 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_provider
-from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.jobs import TEMP_DIR_ROOT_MAX, NodeCommands, build_job
 from ray_slurm_provider.slurm.client import ClusterInfo, Partition
 from ray_slurm_provider.slurm.script import ScriptError, validate
 from ray_slurm_provider.units import TIME_FORMS, fmt_duration, mem_mb, parse_duration
 
 logger = logging.getLogger(__name__)
 
-#: Ray's longest Unix socket path below the node's temp dir (`rsp-<job id>/session_<date>_
-#: <time>_<usec>_<pid>/sockets/plasma_store`) must stay under Linux's 107 bytes.
-TEMP_DIR_ROOT_MAX = 28
 #: A container image reference or file: reaches the runtime's argv, where a leading `-` would
 #: be taken as an option (`--privileged`); blanks and control characters are never part of one.
 IMAGE = re.compile(r"[A-Za-z0-9_./~][!-~]*")

@@ -11,8 +11,8 @@ import click
 import pytest
 
 from ray_slurm_provider.config import ConfigError
+from ray_slurm_provider.jobs import TEMP_DIR_ROOT_MAX
 from ray_slurm_provider.provider.bootstrap import validate
-from ray_slurm_provider.provider.checks import TEMP_DIR_ROOT_MAX
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import Node
 from tests.fakes import FakeSlurm
