@@ -2,36 +2,19 @@
 
 Two sections of a Ray cluster YAML belong to this provider: `provider:` (cluster-wide
 settings) and `available_node_types.<name>.node_config` (the Slurm job of one node type).
-Each field carries its own doc string in `metadata["doc"]`; `docs.py`-style renderers and the
-`ray-slurm validate` command read the same dataclasses. Unknown keys fail with the key path and
-the valid choices.
+Each field carries its own doc string (schema.doc); `cli/docs.py` renders the reference from
+the same dataclasses. The whole cluster YAML is parsed once, into cluster.ClusterConfig.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import Any, Literal
 
-T = TypeVar("T")
+from ray_slurm_provider.schema import ConfigError, doc, load
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the key path and what is allowed."""
-
-
-def doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    """A dataclass field with documentation attached."""
-    if default is dataclasses.MISSING and "default_factory" not in kw:
-        return field(metadata={"doc": text}, **kw)
-    if "default_factory" in kw:
-        return field(metadata={"doc": text}, **kw)
-    return field(default=default, metadata={"doc": text})
+__all__ = ["ConfigError", "parse_node_config", "parse_provider"]  # ConfigError: re-exported
 
 
 @dataclass(frozen=True)
@@ -287,76 +270,6 @@ class NodeConfig:
     )
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _convert(args[0], value, path)
-    if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise ConfigError(
-                f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}"
-            )
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
-        (item,) = get_args(tp)
-        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        _, vt = get_args(tp)
-        return {str(k): _convert(vt, v, f"{path}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return load(tp, value, path)  # type: ignore[arg-type]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
-
-
-def load(cls: type[T], data: Any, path: str, *, passthrough_prefix: str = "_") -> T:
-    """Build dataclass `cls` from `data`, rejecting unknown keys (keys starting with
-    `passthrough_prefix` are internal and ignored)."""
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping, got {data!r}")
-    hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if passthrough_prefix and str(key).startswith(passthrough_prefix):
-            continue
-        if key not in fields:
-            raise ConfigError(
-                f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(fields))}"
-            )
-        kwargs[key] = _convert(hints[key], value, f"{path}.{key}")
-    return cls(**kwargs)
-
-
 def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:
     """Value checks beyond types."""
     if cfg.type != "external":
@@ -374,21 +287,13 @@ def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:
                           f"got {cfg.rest.url!r}")
 
 
-def check_name(value: str, path: str) -> str:
-    """Cluster and node-type names end up in job names, file names and env vars."""
-    if not NAME_RE.match(value):
-        raise ConfigError(
-            f"{path}: {value!r} is not a valid name (letters, digits, '_', '.', '-'; "
-            "at most 63 characters, starting with a letter or digit)"
-        )
-    return value
-
-
 def parse_provider(data: Mapping[str, Any]) -> ProviderConfig:
+    """The `provider:` section, type- and value-checked."""
     cfg = load(ProviderConfig, data, "provider")
     check_provider(cfg)
     return cfg
 
 
 def parse_node_config(data: Mapping[str, Any] | None, node_type: str) -> NodeConfig:
+    """One node type's `node_config`, type-checked."""
     return load(NodeConfig, data or {}, f"available_node_types.{node_type}.node_config")

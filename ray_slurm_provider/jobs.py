@@ -12,9 +12,10 @@ import functools
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
+from ray_slurm_provider.cluster import NodeType
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.ports import port_block
@@ -66,21 +67,6 @@ def _decode(comment: str) -> tuple[tuple[str, str], ...] | None:
     return tuple((str(k), str(v)) for k, v in data.items()) if isinstance(data, dict) else None
 
 
-@dataclass(frozen=True)
-class NodeCommands:
-    """The YAML commands a worker job runs itself (the head's go through `ray up`)."""
-
-    initialization: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)
-    start: list[str] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> NodeCommands:
-        d = data or {}
-        return cls(list(d.get("initialization", [])), list(d.get("setup", [])),
-                   list(d.get("start", [])))
-
-
 def slurm_resources(ncfg: NodeConfig, resources: Mapping[str, int],
                     object_store_fraction: float = 0.3) -> dict[str, Any]:
     """CPUs, memory and GRES to ask Slurm for, from node_config or else Ray's resources.
@@ -101,22 +87,24 @@ def slurm_resources(ncfg: NodeConfig, resources: Mapping[str, int],
 
 
 def build_job(
-    *,
-    pcfg: ProviderConfig,
+    provider: ProviderConfig,
     cluster_name: str,
-    node_type: str,
+    nt: NodeType,
+    *,
     kind: str,
-    ncfg: NodeConfig,
-    resources: Mapping[str, int],
-    labels: Mapping[str, str],
-    commands: NodeCommands,
     python: str,
+    resources: Mapping[str, int] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> JobSpec:
-    """The Slurm job of one Ray node."""
+    """The Slurm job of one Ray node of type `nt`. `resources`/`labels` are what the
+    autoscaler asked for (default: the node type's)."""
+    pcfg, ncfg, commands = provider, nt.node_config, nt.commands
+    resources = dict(nt.resources if resources is None else resources)
+    labels = dict(nt.labels if labels is None else labels)
     cdir = ClusterDir(pcfg.state_dir, cluster_name)
     spec = NodeSpec(
         kind=kind,
-        node_type=node_type,
+        node_type=nt.name,
         cluster_name=cluster_name,
         state_dir=pcfg.state_dir,
         ports_base=port_block(cluster_name, pcfg.ports.base).base,

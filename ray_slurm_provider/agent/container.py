@@ -15,9 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.config import ContainerConfig, load
+from ray_slurm_provider.config import ContainerConfig
 from ray_slurm_provider.runtimes import RunContext, get_runtime
 from ray_slurm_provider.runtimes.docker import is_tar
+from ray_slurm_provider.schema import load
 
 #: Ray's own settings and the usual GPU-networking families reach the container by name.
 PASS_PREFIXES = ("RAY_", "NCCL_", "FI_", "UCX_", "OMP_", "PYTHON")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any, Literal, TextIO
 
 import yaml
 
+from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
 from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.slurm.client import SlurmClient
@@ -17,7 +19,7 @@ from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import ClusterDir
 
 
-class CommandError(Exception):
+class CliError(Exception):
     """A command cannot go on; the message says why (and how to fix it)."""
 
 
@@ -40,13 +42,10 @@ class Cluster:
     def job_name(self) -> str:
         return job_name(self.name)
 
-    @property
-    def node_types(self) -> dict[str, Any]:
-        return dict(self.config.get("available_node_types") or {})
-
-    @property
-    def head_type(self) -> str:
-        return str(self.config.get("head_node_type", ""))
+    @functools.cached_property
+    def parsed(self) -> ClusterConfig:
+        """The whole cluster, parsed once; raises ConfigError naming the key."""
+        return parse_cluster(self.config)
 
     @property
     def client(self) -> SlurmClient:
@@ -60,15 +59,15 @@ def load_cluster(path: str) -> Cluster:
     try:
         config = yaml.safe_load(Path(path).read_text())
     except OSError as e:
-        raise CommandError(f"cannot read {path}: {e.strerror or e}") from e
+        raise CliError(f"cannot read {path}: {e.strerror or e}") from e
     except yaml.YAMLError as e:
-        raise CommandError(f"{path} is not valid YAML: {e}") from e
+        raise CliError(f"{path} is not valid YAML: {e}") from e
     if not isinstance(config, dict) or not config.get("cluster_name"):
-        raise CommandError(f"{path}: not a Ray cluster config (no cluster_name)")
+        raise CliError(f"{path}: not a Ray cluster config (no cluster_name)")
     try:
         pcfg = parse_provider(config.get("provider") or {})
     except ConfigError as e:
-        raise CommandError(f"{path}: {e}") from e
+        raise CliError(f"{path}: {e}") from e
     return Cluster(path, config, pcfg, ClusterDir(pcfg.state_dir, str(config["cluster_name"])))
 
 
@@ -113,9 +112,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def run_command(fn: Callable[[], int]) -> int:
-    """Run a command body; CommandError becomes one line on stderr and exit code 2."""
+    """Run a command body; CliError becomes one line on stderr and exit code 2."""
     try:
         return fn()
-    except CommandError as e:
+    except CliError as e:
         print(f"ray-slurm: {e}", file=sys.stderr)
         return 2

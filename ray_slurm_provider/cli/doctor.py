@@ -22,7 +22,7 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
 from ray_slurm_provider import auth, proc
 from ray_slurm_provider.cli.common import Cluster, Finding, Level, load_cluster, report, run_command
-from ray_slurm_provider.config import ConfigError, parse_node_config
+from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import LONGEST_SOCKET_BELOW_ROOT, SOCKET_PATH_MAX, decode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.provider.bootstrap import validate
@@ -175,10 +175,9 @@ def ports_findings(cluster: Cluster, info: ClusterInfo) -> list[Finding]:
                         f"{h.batch_host}; its GCS port {block.gcs} "
                         f"{'answers' if up else 'does not answer (yet)'}",
                         f"`ray-slurm logs {cluster.path} head` shows why Ray is not up")]
-    head_nt = cluster.node_types.get(cluster.head_type) or {}
     try:
-        part = info.partition(parse_node_config(head_nt.get("node_config"),
-                                                cluster.head_type).partition)
+        head = cluster.parsed.node_type(cluster.parsed.head_type)
+        part = info.partition(head.node_config.partition)
     except ConfigError:
         part = None
     nodes = list(part.nodes) if part else []

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ray_slurm_provider import auth
-from ray_slurm_provider.config import parse_provider
-from ray_slurm_provider.state import ClusterDir, read_json
-
-
-def load_cluster(path: str) -> tuple[dict[str, Any], ClusterDir]:
-    cfg = yaml.safe_load(Path(path).read_text())
-    pcfg = parse_provider(cfg.get("provider") or {})
-    return cfg, ClusterDir(pcfg.state_dir, str(cfg["cluster_name"]))
+from ray_slurm_provider.cli.common import CliError, load_cluster, run_command
+from ray_slurm_provider.state import read_json
 
 
 def env_lines(path: str) -> list[str]:
     """Shell lines that point Ray's client tools at the cluster (with its auth token)."""
-    cfg, cdir = load_cluster(path)
-    pcfg = parse_provider(cfg.get("provider") or {})
+    cluster = load_cluster(path)
+    pcfg, cdir = cluster.pcfg, cluster.cdir
     head = read_json(cdir.head_info)
     if not head:
-        raise SystemExit(f"cluster {cfg['cluster_name']!r} has no running head "
-                         f"({cdir.head_info} missing): run `ray up {path}` first")
+        raise CliError(f"cluster {cluster.name!r} has no running head "
+                       f"({cdir.head_info} missing): run `ray up {path}` first")
     dash = f"http://{head['ip']}:{head['dashboard_port']}"
     env = {
         "RAY_ADDRESS": dash,
@@ -42,8 +33,11 @@ def env_lines(path: str) -> list[str]:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    print("\n".join(env_lines(args.config)))
-    return 0
+    def body() -> int:
+        print("\n".join(env_lines(args.config)))
+        return 0
+
+    return run_command(body)
 
 
 def register(sub: Any) -> None:

@@ -8,19 +8,18 @@ says which partition each type lands on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ray_slurm_provider.cli.common import Finding
-from ray_slurm_provider.config import ConfigError, NodeConfig
+from ray_slurm_provider.cluster import ClusterConfig
+from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.provider.checks import check_live
 from ray_slurm_provider.slurm.client import ClusterInfo
 from ray_slurm_provider.units import fmt_duration
 
 
-def node_type_findings(config: Mapping[str, Any], t: str, ncfg: NodeConfig,
-                       info: ClusterInfo) -> list[Finding]:
+def node_type_findings(cluster: ClusterConfig, t: str, info: ClusterInfo) -> list[Finding]:
     """What is wrong (or fine) with node type `t` on this cluster."""
+    nt = cluster.node_type(t)
+    ncfg = nt.node_config
     where = f"available_node_types.{t}"
     names = ", ".join(sorted(p.name for p in info.partitions))
     part = info.partition(ncfg.partition)
@@ -38,11 +37,11 @@ def node_type_findings(config: Mapping[str, Any], t: str, ncfg: NodeConfig,
     if part.state.upper() != "UP":
         out.append(Finding("warn", where, f"partition {part.name} is {part.state}",
                            "jobs pend until an admin sets it UP; pick another partition"))
-    if "resources" not in ((config.get("available_node_types") or {}).get(t) or {}):
+    if not nt.has_resources:
         out.append(Finding("info", where, "no `resources`: `ray up` takes them from partition "
                            f"{part.name}'s smallest node"))
     try:
-        warnings = check_live(config, {t: ncfg}, info)
+        warnings = check_live(cluster, info, only=[t])
     except ConfigError as e:
         key, _, message = str(e).partition(": ")
         return [*out, Finding("fail", key, message, "`ray up` refuses this; use a value "

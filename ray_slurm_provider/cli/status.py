@@ -21,12 +21,13 @@ from typing import Any, TextIO
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
 from ray_slurm_provider.cli.common import (
+    CliError,
     Cluster,
-    CommandError,
     load_cluster,
     run_command,
     table,
 )
+from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.client import Job, SlurmError
 from ray_slurm_provider.state import read_json
@@ -36,7 +37,10 @@ KIND, NODE_TYPE, STATUS = TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RAY_NOD
 
 
 def _resources(cluster: Cluster, node_type: str) -> str:
-    res = (cluster.node_types.get(node_type) or {}).get("resources") or {}
+    try:
+        res = cluster.parsed.node_type(node_type).resources
+    except ConfigError:
+        res = {}
     return ",".join(f"{k}={v}" for k, v in res.items()) or "(from partition)"
 
 
@@ -117,7 +121,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             data = status_data(cluster)
         except SlurmError as e:
-            raise CommandError(f"cannot list the cluster's jobs: {e}") from e
+            raise CliError(f"cannot list the cluster's jobs: {e}") from e
         if args.json:
             print(json.dumps(data, indent=2, sort_keys=True))
         else:
@@ -133,10 +137,10 @@ def resolve_job(cluster: Cluster, job: str | None) -> str | None:
     if job == "head":
         head = read_json(cluster.cdir.head_info)
         if not isinstance(head, dict) or not head.get("job_id"):
-            raise CommandError(f"no running head recorded in {cluster.cdir.head_info}")
+            raise CliError(f"no running head recorded in {cluster.cdir.head_info}")
         return str(head["job_id"])
     if not str(job).isdigit():
-        raise CommandError(f"{job!r} is not a Slurm job id (or `head`)")
+        raise CliError(f"{job!r} is not a Slurm job id (or `head`)")
     return str(job)
 
 
@@ -189,7 +193,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return 0
         path = cluster.cdir.log(job)
         if not path.exists() and not args.follow:
-            raise CommandError(f"no log for job {job} ({path} does not exist)")
+            raise CliError(f"no log for job {job} ({path} does not exist)")
         if args.follow:
             def alive() -> bool:
                 return any(j.job_id == job and j.active

@@ -1,7 +1,7 @@
 """`ray-slurm validate CONFIG` and `ray-slurm render CONFIG`.
 
 validate: the config model (the same `bootstrap.validate` that `ray up` runs) plus, unless
-`--offline`, every node type checked against the live cluster (cmds/checks.py).
+`--offline`, every node type checked against the live cluster (cli/findings.py).
 
 render: every batch script the cluster would submit (the head's and one per worker type),
 built by the same code as the provider (`bootstrap_config`, `fillout_resources`,
@@ -18,16 +18,17 @@ from typing import Any
 import click
 
 from ray_slurm_provider.cli.common import (
+    CliError,
     Cluster,
-    CommandError,
     Finding,
     load_cluster,
     report,
     run_command,
 )
 from ray_slurm_provider.cli.findings import node_type_findings
-from ray_slurm_provider.config import ConfigError, parse_node_config, parse_provider
-from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.cluster import parse_provider_section
+from ray_slurm_provider.config import ConfigError
+from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources, validate
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.slurm.script import ScriptError, render
@@ -36,14 +37,15 @@ from ray_slurm_provider.slurm.script import ScriptError, render
 def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
     """The model's verdict, then (live) each node type against Slurm."""
     try:
-        ncfgs = validate(cluster.config, live=False)
+        parsed = validate(cluster.config, live=False)
     except ConfigError as e:
         return [Finding("fail", "config", str(e), "fix the key named above")]
+    types = parsed.node_types
     out = [Finding("ok", "config", f"cluster {cluster.name!r}: provider section and "
-                   f"{len(ncfgs)} node types match the config model")]
-    if cluster.head_type not in ncfgs:
-        out.append(Finding("fail", "head_node_type", f"{cluster.head_type!r} is not one of "
-                           f"available_node_types ({', '.join(ncfgs)})", "name a node type"))
+                   f"{len(types)} node types match the config model")]
+    if parsed.head_type not in types:
+        out.append(Finding("fail", "head_node_type", f"{parsed.head_type!r} is not one of "
+                           f"available_node_types ({', '.join(types)})", "name a node type"))
     if not live:
         return out
     try:
@@ -55,8 +57,8 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
     out.append(Finding("ok", f"Slurm ({cluster.pcfg.slurm_api})",
                        f"Slurm {info.version}, partitions: "
                        f"{', '.join(p.name for p in info.partitions)}"))
-    for t, ncfg in ncfgs.items():
-        out += node_type_findings(cluster.config, t, ncfg, info)
+    for t in types:
+        out += node_type_findings(parsed, t, info)
     return out
 
 
@@ -71,26 +73,21 @@ def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
     try:
         config = bootstrap_config(config)
     except click.ClickException as e:
-        raise CommandError(e.message) from e
-    pcfg = parse_provider(config["provider"])
-    types: dict[str, Any] = config["provider"]["_node_types"]
-    order = [cluster.head_type, *sorted(t for t in types if t != cluster.head_type)]
+        raise CliError(e.message) from e
+    # As the head's autoscaler will see it: the provider section bootstrap wrote.
+    parsed = parse_provider_section(config["provider"], cluster.name,
+                                    str(config.get("head_node_type", "")))
+    types = parsed.node_types
+    order = [parsed.head_type, *sorted(t for t in types if t != parsed.head_type)]
     out = []
     for t in order:
-        kind = "head" if t == cluster.head_type else "worker"
-        nt = types[t]
-        spec = build_job(
-            pcfg=pcfg, cluster_name=cluster.name, node_type=t, kind=kind,
-            ncfg=parse_node_config((config["available_node_types"][t] or {}).get("node_config"),
-                                   t),
-            resources={k: int(v) for k, v in (nt.get("resources") or {}).items()},
-            labels=dict(nt.get("labels") or {}),
-            commands=NodeCommands.from_dict(nt.get("commands")),
-            python=pcfg.python or sys.executable)
+        kind = parsed.kind(t)
+        spec = build_job(parsed.provider, parsed.name, parsed.node_type(t), kind=kind,
+                         python=parsed.provider.python or sys.executable)
         try:
             out.append((t, kind, render(spec)))
         except ScriptError as e:
-            raise CommandError(f"node type {t}: {e}") from e
+            raise CliError(f"node type {t}: {e}") from e
     return out
 
 
@@ -106,7 +103,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if args.node_type:
             scripts = [s for s in scripts if s[0] == args.node_type]
             if not scripts:
-                raise CommandError(f"no node type {args.node_type!r} in {args.config}")
+                raise CliError(f"no node type {args.node_type!r} in {args.config}")
         for i, (t, kind, script) in enumerate(scripts):
             if i:
                 print()

@@ -1,8 +1,8 @@
 """What `ray up` does to the cluster config before anything is submitted.
 
-`bootstrap_config` validates the provider and every node type against the config model (and
-the live cluster: partitions must exist), forces self-starting workers, and copies into the
-provider section what the head's autoscaler needs to build worker jobs: Ray hands a provider
+`bootstrap_config` parses the cluster once (cluster.parse_cluster), checks it against the live
+cluster (partitions must exist, limits must fit), forces self-starting workers, and copies into
+the provider section what the head's autoscaler needs to build worker jobs: Ray hands a provider
 only its own section, yet workers must run the YAML's initialization, setup and start commands.
 `fillout_resources` fills a node type's omitted `resources` from its Slurm partition.
 """
@@ -16,21 +16,19 @@ from typing import Any
 
 import click
 
-from ray_slurm_provider.config import (
-    ConfigError,
-    NodeConfig,
-    check_name,
-    parse_node_config,
-    parse_provider,
+from ray_slurm_provider.cluster import (
+    DEFAULT_HEAD_START,
+    NODE_TYPES_KEY,
+    ClusterConfig,
+    node_types_section,
+    parse_cluster,
 )
-from ray_slurm_provider.provider.checks import check_live, check_static
+from ray_slurm_provider.config import ConfigError, parse_provider
+from ray_slurm_provider.provider.checks import check_live, check_partitions, check_static
 from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
 from ray_slurm_provider.units import MIB, mem_bytes
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HEAD_START = ["ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"]
-DEFAULT_WORKER_START = ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
 
 
 def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
@@ -40,44 +38,26 @@ def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
     return make_client(parse_provider((config or {}).get("provider") or {})).cluster_info()
 
 
-def check_partitions(config: dict[str, Any], info: ClusterInfo) -> None:
-    names = sorted(p.name for p in info.partitions)
-    for t, nt in config.get("available_node_types", {}).items():
-        part = (nt.get("node_config") or {}).get("partition")
-        if part is not None and info.partition(str(part)) is None:
-            raise ConfigError(
-                f"available_node_types.{t}.node_config.partition: {part!r} is not a partition "
-                f"of this Slurm cluster; valid choices: {', '.join(names)}"
-            )
-
-
-def validate(config: dict[str, Any], live: bool = True) -> dict[str, NodeConfig]:
-    """Check every key this provider owns; return the parsed node configs."""
-    check_name(str(config.get("cluster_name", "")), "cluster_name")
-    parse_provider(config.get("provider") or {})
-    types = config.get("available_node_types") or {}
-    if not types:
-        raise ConfigError("available_node_types: at least one node type is required")
-    out = {}
-    for t, nt in types.items():
-        check_name(str(t), f"available_node_types.{t}")
-        out[t] = parse_node_config((nt or {}).get("node_config"), t)
-    check_static(config, out)
+def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
+    """Parse the cluster and check every key this provider owns (against Slurm too, when
+    `live`); ConfigError names the key path."""
+    cluster = parse_cluster(config)
+    check_static(cluster)
     if live:
         try:
             info = _cluster_info(config)
-            check_partitions(config, info)
-            for warning in check_live(config, out, info):
+            check_partitions(cluster, info)
+            for warning in check_live(cluster, info):
                 logger.warning(warning)
                 click.echo(f"Warning: {warning}", err=True)
         except SlurmError as e:
             logger.warning("Could not check partitions against Slurm: %s", e.slurm_message)
-    return out
+    return cluster
 
 
 def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
     try:
-        validate(config)
+        cluster = validate(config)
     except ConfigError as e:
         raise click.ClickException(f"Invalid cluster config: {e}") from e
     provider = config["provider"]
@@ -88,25 +68,7 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
     pin_env_defaults(provider)
     if not config.get("head_start_ray_commands"):
         config["head_start_ray_commands"] = list(DEFAULT_HEAD_START)
-    start = list(config.get("worker_start_ray_commands") or DEFAULT_WORKER_START)
-    node_types: dict[str, Any] = {}
-    for t, nt in config["available_node_types"].items():
-        node_types[t] = {
-            "node_config": nt.get("node_config") or {},
-            "resources": nt.get("resources") or {},
-            "labels": nt.get("labels") or {},
-            "commands": {
-                "initialization": list(
-                    nt.get("initialization_commands", config.get("initialization_commands"))
-                    or []
-                ),
-                "setup": list(
-                    nt.get("worker_setup_commands", config.get("worker_setup_commands")) or []
-                ),
-                "start": start,
-            },
-        }
-    provider["_node_types"] = node_types
+    provider[NODE_TYPES_KEY] = node_types_section(cluster, config)
     return config
 
 
@@ -116,11 +78,11 @@ def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
     missing = [t for t, nt in types.items() if "resources" not in nt]
     if not missing:
         return config
+    cluster = parse_cluster(config)
     info = _cluster_info(config)
-    frac = float((config.get("provider") or {}).get("object_store_fraction", 0.3))
+    frac = cluster.provider.object_store_fraction
     for t in missing:
-        nt = types[t]
-        ncfg = parse_node_config(nt.get("node_config"), t)
+        nt, ncfg = types[t], cluster.node_type(t).node_config
         part = info.partition(ncfg.partition)
         if part is None:
             raise ConfigError(f"available_node_types.{t}: partition {ncfg.partition!r} not found")

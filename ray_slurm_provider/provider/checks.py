@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable
 
-from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_provider
-from ray_slurm_provider.jobs import TEMP_DIR_ROOT_MAX, NodeCommands, build_job
+from ray_slurm_provider.cluster import ClusterConfig
+from ray_slurm_provider.config import ConfigError, NodeConfig
+from ray_slurm_provider.jobs import TEMP_DIR_ROOT_MAX, build_job
 from ray_slurm_provider.slurm.client import ClusterInfo, Partition
 from ray_slurm_provider.slurm.script import ScriptError, validate
 from ray_slurm_provider.units import TIME_FORMS, fmt_duration, mem_mb, parse_duration
@@ -58,27 +58,17 @@ def node_mem_mb(ncfg: NodeConfig, path: str) -> int | None:
         raise ConfigError(f"{path}.mem: {e}") from None
 
 
-def _commands(config: Mapping[str, Any], nt: Mapping[str, Any]) -> NodeCommands:
-    def pick(key: str, glob: str) -> list[str]:
-        return [str(c) for c in (nt.get(key, config.get(glob)) or [])]
-
-    return NodeCommands(pick("initialization_commands", "initialization_commands"),
-                        pick("worker_setup_commands", "worker_setup_commands"),
-                        [str(c) for c in config.get("worker_start_ray_commands") or []])
-
-
-def check_static(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig]) -> None:
-    """Checks that need no Slurm: formats, lead time, and a trial render of every job."""
-    pcfg: ProviderConfig = parse_provider(config.get("provider") or {})
+def check_static(cluster: ClusterConfig) -> None:
+    """Checks that need no Slurm: formats, lead time, and every job's fields as the batch
+    script renderer would check them."""
+    pcfg = cluster.provider
     if len(pcfg.temp_dir_root.rstrip("/")) > TEMP_DIR_ROOT_MAX:
         raise ConfigError(
             f"provider.temp_dir_root: {pcfg.temp_dir_root!r} is longer than "
             f"{TEMP_DIR_ROOT_MAX} characters; Ray's Unix socket paths below it would pass "
             "Linux's 107-byte limit (valid: a short node-local path such as /tmp)")
-    head_type = config.get("head_node_type")
-    for t, ncfg in ncfgs.items():
-        nc = f"available_node_types.{t}.node_config"
-        nt = (config.get("available_node_types") or {}).get(t) or {}
+    for t, nt in cluster.node_types.items():
+        ncfg, nc = nt.node_config, f"available_node_types.{t}.node_config"
         limit = time_limit_s(ncfg, nc)
         node_mem_mb(ncfg, nc)
         if ncfg.drain_before_limit_s < 0:
@@ -95,13 +85,9 @@ def check_static(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig]) -> 
                     f"{nc}.container.{key}: {img!r} is not an image reference or file; valid: "
                     "e.g. nvcr.io/nvidia/pytorch:24.05-py3, a local tag or a path, printable "
                     "ASCII without blanks, not starting with '-'")
-        res = {str(k): int(v) for k, v in (nt.get("resources") or {}).items()}
         try:
-            validate(build_job(
-                pcfg=pcfg, cluster_name=str(config.get("cluster_name", "")), node_type=str(t),
-                kind="head" if t == head_type else "worker", ncfg=ncfg, resources=res,
-                labels={str(k): str(v) for k, v in (nt.get("labels") or {}).items()},
-                commands=_commands(config, nt), python=pcfg.python or sys.executable))
+            validate(build_job(pcfg, cluster.name, nt, kind=cluster.kind(t),
+                               python=pcfg.python or sys.executable))
         except ScriptError as e:
             field = str(e).split(":", 1)[0].removeprefix("JobSpec.").split("[", 1)[0]
             where = _SOURCE.get(field, f"{{nc}}.{field}").format(nc=nc)
@@ -118,17 +104,28 @@ def _gpu_types(part: Partition) -> list[str]:
     return sorted(out)
 
 
-def check_live(config: Mapping[str, Any], ncfgs: Mapping[str, NodeConfig],
-               info: ClusterInfo) -> list[str]:
-    """Node types against their partitions; raise on what Slurm would refuse, return warnings
-    (a node type without any time limit)."""
+def check_partitions(cluster: ClusterConfig, info: ClusterInfo) -> None:
+    """Every partition a node type names exists."""
+    names = sorted(p.name for p in info.partitions)
+    for t, nt in cluster.node_types.items():
+        part = nt.node_config.partition
+        if part is not None and info.partition(part) is None:
+            raise ConfigError(
+                f"available_node_types.{t}.node_config.partition: {part!r} is not a partition "
+                f"of this Slurm cluster; valid choices: {', '.join(names)}")
+
+
+def check_live(cluster: ClusterConfig, info: ClusterInfo,
+               only: Iterable[str] | None = None) -> list[str]:
+    """Node types (all, or those in `only`) against their partitions; raise on what Slurm
+    would refuse, return warnings (a node type without any time limit)."""
     warnings = []
-    for t, ncfg in ncfgs.items():
-        nc = f"available_node_types.{t}.node_config"
+    for t in cluster.node_types if only is None else only:
+        nt = cluster.node_type(t)
+        ncfg, nc, res = nt.node_config, f"available_node_types.{t}.node_config", nt.resources
         part = info.partition(ncfg.partition)
         if part is None:
             continue  # check_partitions names it
-        res = ((config.get("available_node_types") or {}).get(t) or {}).get("resources") or {}
         own = time_limit_s(ncfg, nc)
         if own is not None and part.max_time_s is not None and own > part.max_time_s:
             raise ConfigError(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import sys
 import threading
@@ -41,14 +42,9 @@ from ray.autoscaler.tags import (
 )
 
 from ray_slurm_provider import auth
-from ray_slurm_provider.config import (
-    ConfigError,
-    NodeConfig,
-    ProviderConfig,
-    parse_node_config,
-    parse_provider,
-)
-from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, job_name
+from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
+from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
+from ray_slurm_provider.jobs import build_job, decode_tags, job_name
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
 from ray_slurm_provider.provider.snapshot import NodeRecord, unchanged, worker_status
 from ray_slurm_provider.provider.submit import (
@@ -75,10 +71,11 @@ class SlurmNodeProvider(NodeProvider):
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
         try:
-            self.pcfg = parse_provider(provider_config)
+            self.cluster = parse_provider_section(provider_config, cluster_name)
         except ConfigError as e:
             self._config_error = e
-            self.pcfg = ProviderConfig()
+            self.cluster = ClusterConfig(cluster_name, ProviderConfig(), "", {})
+        self.pcfg = self.cluster.provider
         self.cluster_dir = ClusterDir(self.pcfg.state_dir, cluster_name)
         self.guard = LaunchGuard(self.cluster_dir.root / "errors.json")
         self.strays = Strays()
@@ -94,6 +91,10 @@ class SlurmNodeProvider(NodeProvider):
         if self._client is None:
             self._client = make_client(self.pcfg)
         return self._client
+
+    def node_config(self, node_type: str) -> NodeConfig:
+        """A node type's Slurm job settings (the command runner builds its steps from them)."""
+        return self.cluster.node_type(node_type).node_config
 
     def job_state(self, node_id: str) -> str:
         with self._lock:
@@ -219,16 +220,18 @@ class SlurmNodeProvider(NodeProvider):
     ) -> dict[str, Any]:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "")
         kind = tags.get(TAG_RAY_NODE_KIND, NODE_KIND_WORKER)
-        ncfg: NodeConfig = parse_node_config(node_config, node_type)
-        types = self.provider_config.get("_node_types", {}).get(node_type, {})
-        res = {k: int(v) for k, v in (resources or types.get("resources") or {}).items()}
-        lab = dict(labels or types.get("labels") or {})
+        if self._config_error is not None:
+            raise self._config_error
+        # Ray passes the node type's node_config; the rest of the type (commands, default
+        # resources and labels) is in the provider section bootstrap wrote.
+        nt = dataclasses.replace(self.cluster.node_type(node_type),
+                                 node_config=parse_node_config(node_config, node_type))
         spec = build_job(
-            pcfg=self.pcfg, cluster_name=self.cluster_name, node_type=node_type,
-            kind="head" if kind == NODE_KIND_HEAD else "worker", ncfg=ncfg, resources=res,
-            labels=lab, commands=NodeCommands.from_dict(types.get("commands")),
+            self.pcfg, self.cluster_name, nt, kind="head" if kind == NODE_KIND_HEAD else "worker",
             python=self.pcfg.python or sys.executable,
-        )
+            resources={k: int(v) for k, v in resources.items()} if resources else None,
+            labels=dict(labels) if labels else None)
+        ncfg = nt.node_config
         self.cluster_dir.create()
         if self.pcfg.auth.mode == "token":
             auth.ensure_token(self.cluster_dir.root)

@@ -17,8 +17,8 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "cluster-configs").rglob
 def test_config_is_valid(path: Path) -> None:
     config = yaml.safe_load(path.read_text())
     validate_config(prepare_config(config))
-    node_configs = validate(config, live=False)
-    assert config["head_node_type"] in node_configs
+    cluster = validate(config, live=False)
+    assert config["head_node_type"] in cluster.node_types
 
 
 def test_configs_exist() -> None:

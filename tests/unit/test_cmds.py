@@ -13,7 +13,7 @@ import yaml
 from ray_slurm_provider.cli import doctor, status, validate
 from ray_slurm_provider.cli import findings as checks
 from ray_slurm_provider.cli.common import Cluster, load_cluster, report
-from ray_slurm_provider.config import parse_node_config
+from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
@@ -48,6 +48,10 @@ def test_validate_passes_on_the_sandbox_shape(tmp_path: Path) -> None:
     assert report(findings, out) == 0 and "0 failed" in out.getvalue()
 
 
+def cluster_of(node_types: dict[str, Any]) -> ClusterConfig:
+    return parse_cluster({"cluster_name": "c", "available_node_types": node_types})
+
+
 @pytest.mark.parametrize(("node_config", "resources", "match"), [
     ({"partition": "nope"}, {"CPU": 1}, "'nope' is not a partition"),
     ({"partition": "cpu", "time": "3:00:00"}, {"CPU": 1}, "longer than partition 'cpu' allows"),
@@ -59,10 +63,8 @@ def test_validate_passes_on_the_sandbox_shape(tmp_path: Path) -> None:
 def test_node_type_checks_fail(node_config: dict[str, Any], resources: dict[str, int],
                                match: str) -> None:
     fake = FakeSlurm(partitions={"cpu": {"default": True, "max_time_s": 7200}, "gpu": {}})
-    config = {"available_node_types": {"w": {"resources": resources,
-                                             "node_config": node_config}}}
-    found = checks.node_type_findings(config, "w", parse_node_config(node_config, "w"),
-                                      fake.cluster_info())
+    config = cluster_of({"w": {"resources": resources, "node_config": node_config}})
+    found = checks.node_type_findings(config, "w", fake.cluster_info())
     fails = [f.message for f in found if f.level == "fail"]
     assert fails and match in fails[0], found
 
@@ -70,12 +72,12 @@ def test_node_type_checks_fail(node_config: dict[str, Any], resources: dict[str,
 def test_no_default_partition_and_unlimited_time() -> None:
     nodes = [Node("a", "1.1.1.1", cpus=4, memory_mb=8000, gres="gpu:2")]
     fake = FakeSlurm(nodes=nodes, partitions={"p": {}, "q": {}})
-    config = {"available_node_types": {"w": {"resources": {"CPU": 2}}}}
-    found = checks.node_type_findings(config, "w", parse_node_config({}, "w"),
+    found = checks.node_type_findings(cluster_of({"w": {"resources": {"CPU": 2}}}), "w",
                                       fake.cluster_info())
     assert [f.level for f in found] == ["fail"] and "no default partition" in found[0].message
-    found = checks.node_type_findings(config, "w", parse_node_config({"partition": "p"}, "w"),
-                                      fake.cluster_info())
+    found = checks.node_type_findings(
+        cluster_of({"w": {"resources": {"CPU": 2}, "node_config": {"partition": "p"}}}), "w",
+        fake.cluster_info())
     assert any(f.level == "warn" and "no time limit" in f.message for f in found)
 
 
@@ -199,4 +201,4 @@ def test_duration() -> None:
 def test_cluster_dir_of_loaded_config(tmp_path: Path) -> None:
     c = cluster(tmp_path, FakeSlurm())
     assert c.cdir.root == ClusterDir(str(tmp_path / "state"), "sandbox").root
-    assert c.job_name == "ray-sandbox" and c.head_type == "head"
+    assert c.job_name == "ray-sandbox" and c.parsed.head_type == "head"

@@ -266,10 +266,8 @@ def test_epilog_is_executable() -> None:
 def test_bare_conda_prologue_activates_the_env_in_a_non_login_shell(tmp_path: Path) -> None:
     """Render the bare-conda worker's batch script, point its paths at a fake conda, and run
     it with bash as sbatch would (not a login shell, `set -eo pipefail`)."""
-    from ray_slurm_provider.config import parse_provider
     from ray_slurm_provider.jobs import build_job
     from ray_slurm_provider.provider.bootstrap import validate
-    from ray_slurm_provider.provider.checks import _commands
     from ray_slurm_provider.slurm.script import render
 
     base, env = tmp_path / "miniforge3", tmp_path / "envs" / "ray"
@@ -291,13 +289,11 @@ def test_bare_conda_prologue_activates_the_env_in_a_non_login_shell(tmp_path: Pa
     text = (ROOT / "cluster-configs" / "bare-conda.yaml").read_text()
     text = text.replace("/shared/miniforge3", str(base)).replace("/shared/envs/ray", str(env))
     config = yaml.safe_load(text)
-    ncfg = validate(config, live=False)["cpu_worker"]
-    pcfg = parse_provider(config["provider"])
-    nt = config["available_node_types"]["cpu_worker"]
+    cluster = validate(config, live=False)
+    pcfg = cluster.provider
     script = tmp_path / "job.sbatch"
     script.write_text(render(build_job(
-        pcfg=pcfg, cluster_name="conda-demo", node_type="cpu_worker", kind="worker",
-        ncfg=ncfg, resources=nt["resources"], labels={}, commands=_commands(config, nt),
+        pcfg, "conda-demo", cluster.node_type("cpu_worker"), kind="worker", labels={},
         python=str(pcfg.python))))
     res = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
                          capture_output=True, text=True, timeout=60, check=False)

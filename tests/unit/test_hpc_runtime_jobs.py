@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ray_slurm_provider.config import NodeConfig, ProviderConfig, load
-from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.cluster import NodeCommands, NodeType
+from ray_slurm_provider.config import NodeConfig, ProviderConfig
+from ray_slurm_provider.jobs import build_job
+from ray_slurm_provider.schema import load
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import write_json
 
@@ -54,11 +56,9 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
     ncfg = load(NodeConfig, {"partition": "gpu", "container": {
         "runtime": runtime, "image": str(image), "mounts": ["/data:/data"],
         "environment": {"NCCL_DEBUG": "INFO"}}}, "node_config")
-    spec = build_job(pcfg=pcfg, cluster_name="c1", node_type="gpu_worker", kind="worker",
-                     ncfg=ncfg, resources={"CPU": 2, "GPU": 1}, labels={},
-                     commands=NodeCommands(
-                         start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]),
-                     python=sys.executable)
+    nt = NodeType("gpu_worker", ncfg, resources={"CPU": 2, "GPU": 1},
+                  commands=NodeCommands(start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]))
+    spec = build_job(pcfg, "c1", nt, kind="worker", python=sys.executable)
     script = tmp_path / "job.sh"
     script.write_text(render(spec))
     write_json(state / "c1" / "head.json", {"ip": "127.0.0.2", "gcs_port": 25000,

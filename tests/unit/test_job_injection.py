@@ -27,8 +27,9 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from ray_slurm_provider.cluster import NodeCommands, NodeType, parse_cluster
 from ray_slurm_provider.config import ConfigError, ContainerConfig, parse_node_config
-from ray_slurm_provider.jobs import NodeCommands, build_job, decode_tags, encode_tags
+from ray_slurm_provider.jobs import build_job, decode_tags, encode_tags
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.provider.checks import check_static
 from ray_slurm_provider.provider.runner import _env_exports
@@ -84,11 +85,10 @@ def build(c: dict[str, Any], python: str) -> JobSpec:
 
     pcfg = ProviderConfig(state_dir=c["state_dir"], temp_dir_root=c["temp_dir_root"],
                           node_ip_interface=c["iface"], environment=c["env"])
-    return build_job(
-        pcfg=pcfg, cluster_name=c["cluster"], node_type=c["node_type"], kind="worker",
-        ncfg=parse_node_config(c["node_config"], "t"), resources={"CPU": 1, **c["custom"]},
-        labels=c["labels"], commands=NodeCommands(["# init $(touch init-ran)"], [], c["start"]),
-        python=python)
+    nt = NodeType(c["node_type"], parse_node_config(c["node_config"], "t"),
+                  resources={"CPU": 1, **c["custom"]}, labels=c["labels"],
+                  commands=NodeCommands(["# init $(touch init-ran)"], [], c["start"]))
+    return build_job(pcfg, c["cluster"], nt, kind="worker", python=python)
 
 
 def expected_directives(c: dict[str, Any]) -> list[bytes]:
@@ -221,9 +221,8 @@ def test_container_image_cannot_become_an_option(image: str, privileged: bool) -
     cfg = {"cluster_name": "c", "provider": {"type": "external"}, "head_node_type": "h",
            "available_node_types": {"w": {"resources": {"CPU": 1}, "node_config": {
                "container": {"runtime": "docker", "image": image, "privileged": privileged}}}}}
-    ncfgs = {"w": parse_node_config(cfg["available_node_types"]["w"]["node_config"], "w")}
     try:
-        check_static(cfg, ncfgs)
+        check_static(parse_cluster(cfg))
     except ConfigError as e:
         event("refused")
         assert "container.image" in str(e)

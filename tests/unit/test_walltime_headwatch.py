@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider.agent.headwatch import HeadWatch
+from ray_slurm_provider.cluster import NodeType
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
-from ray_slurm_provider.jobs import NodeCommands, build_job
+from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import write_json
@@ -23,9 +24,9 @@ from tests.unit.test_submit import make
 
 
 def spec(ncfg: NodeConfig) -> str:
-    return render(build_job(pcfg=ProviderConfig(state_dir="/s"), cluster_name="c", node_type="w",
-                            kind="worker", ncfg=ncfg, resources={"CPU": 1}, labels={},
-                            commands=NodeCommands(), python="/py"))
+    return render(build_job(ProviderConfig(state_dir="/s"), "c",
+                            NodeType("w", ncfg, resources={"CPU": 1}), kind="worker",
+                            python="/py"))
 
 
 def test_workers_get_the_drain_signal_before_their_limit() -> None:
