@@ -1,7 +1,7 @@
 """SlurmNodeProvider: Ray's cluster launcher and autoscaler, on Slurm.
 
-State model
------------
+Design
+------
 * A Ray node is a Slurm job, or one task of a job array (N nodes of a type in one sbatch);
   the node id is squeue's %i (`123`, `123_4`). All jobs of cluster C are named `ray-C`:
   ONE `squeue --me --array --name=ray-C` lists the whole cluster, every task on its own.
@@ -44,9 +44,9 @@ from ray.autoscaler.tags import (
 from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
 from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
-from ray_slurm_provider.jobs import build_job, decode_tags, job_name
+from ray_slurm_provider.jobs import build_job, job_name
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
-from ray_slurm_provider.provider.snapshot import NodeRecord, unchanged, worker_status
+from ray_slurm_provider.provider.snapshot import NodeRecord, take, vanished_workers, worker_status
 from ray_slurm_provider.provider.submit import (
     SUBMIT_TAG,
     LaunchGuard,
@@ -115,23 +115,12 @@ class SlurmNodeProvider(NodeProvider):
     # --- listing -----------------------------------------------------------------------
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
-        nodes: dict[str, NodeRecord] = {}
-        strays = []
-        gen = (self.cluster_dir.tags_generation(), self.strays.generation)  # listing.py
+        # Last tick's records are reused only while no tags file or stray changed since.
+        gen = (self.cluster_dir.tags_generation(), self.strays.generation)
         prev, self._gen = (self._nodes if gen == self._gen else {}), gen
-        for job in jobs:
-            rec = prev.get(job.job_id)
-            if rec is not None and unchanged(rec, job):
-                rec.job = job
-                nodes[job.job_id] = rec
-                continue
-            created = decode_tags(job.comment)
-            if created is None or not job.active or job.job_id in self._gone:
-                continue
-            if created.pop(SUBMIT_TAG, None) in self.strays:
-                strays.append(job.job_id)
-                continue
-            nodes[job.job_id] = NodeRecord(job, self._tags(job, created))
+        snap = take(jobs, prev, gone=self._gone, stray=self.strays.__contains__,
+                    submit_tag=SUBMIT_TAG, tags=self._tags)
+        nodes, strays = snap.nodes, snap.strays
         with self._lock:
             before, self._nodes = self._nodes, nodes
             ids = [i for i, r in nodes.items()
@@ -150,10 +139,7 @@ class SlurmNodeProvider(NodeProvider):
                 self.terminate_nodes(strays)
             except SlurmError as e:
                 logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
-        for job_id, rec in before.items():
-            if (job_id in nodes or job_id in self._gone or not rec.job.running
-                    or rec.tags.get(TAG_RAY_NODE_KIND) != NODE_KIND_WORKER):
-                continue
+        for job_id, rec in vanished_workers(before, nodes, self._gone):
             if self.cluster_dir.ray_up(job_id):
                 # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
                 # an orphan: its agent stops it (headwatch.py), so Ray sees the node leave.

@@ -1,4 +1,7 @@
-"""The provider's per-tick view of its nodes, kept cheap at scale (bench/p4_listing_cpu.py).
+"""The provider's per-tick view of its nodes: one listing + last tick's records -> records.
+
+Pure apart from the callbacks it is given (tags from the cluster directory), so the rules are
+tested on recorded listings without Slurm. Kept cheap at scale (bench/p4_listing_cpu.py).
 
 Every autoscaler tick lists the whole cluster. At thousands of jobs, re-deriving every node's
 record from scratch (decode the comment, read `tags.json`, look for `ray.json`) costs more than
@@ -13,16 +16,19 @@ the tick may; most jobs have not changed since the last tick, so their records a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from ray.autoscaler.tags import (
+    NODE_KIND_WORKER,
     STATUS_SETTING_UP,
     STATUS_UNINITIALIZED,
     STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
     TAG_RAY_NODE_STATUS,
 )
 
+from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.client import Job
 
 
@@ -47,3 +53,43 @@ def worker_status(job: Job, seen: set[str], ray_up: Callable[[str], bool]) -> tu
         seen.add(job.job_id)
         return STATUS_UP_TO_DATE, True
     return (STATUS_SETTING_UP if job.running else STATUS_UNINITIALIZED), False
+
+
+@dataclass
+class Snapshot:
+    """What one listing says: the cluster's nodes, and the jobs of submissions Ray was told
+    had failed (strays: Ray launched again, so they must be cancelled)."""
+
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    strays: list[str] = field(default_factory=list)
+
+
+def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: set[str],
+         stray: Callable[[str | None], bool], submit_tag: str,
+         tags: Callable[[Job, dict[str, str]], dict[str, str]]) -> Snapshot:
+    """The records of this listing's jobs: last tick's record for an unchanged job, else a
+    new one from the job comment's creation tags (`tags` adds what the cluster directory
+    holds). Jobs that are not ours, not active, or cancelled by us (`gone`) are left out."""
+    snap = Snapshot()
+    for job in jobs:
+        rec = prev.get(job.job_id)
+        if rec is not None and unchanged(rec, job):
+            rec.job = job
+            snap.nodes[job.job_id] = rec
+            continue
+        created = decode_tags(job.comment)
+        if created is None or not job.active or job.job_id in gone:
+            continue
+        if stray(created.pop(submit_tag, None)):
+            snap.strays.append(job.job_id)
+            continue
+        snap.nodes[job.job_id] = NodeRecord(job, tags(job, created))
+    return snap
+
+
+def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRecord],
+                     gone: set[str]) -> list[tuple[str, NodeRecord]]:
+    """Workers seen running last tick that left the queue without us cancelling them."""
+    return [(job_id, rec) for job_id, rec in before.items()
+            if job_id not in now and job_id not in gone and rec.job.running
+            and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER]

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND as KIND
+
 from bench.common import TICK_MARK, is_query, monitor_ticks
 from bench.p4_listing_cpu import FakeRun, scontrol_nodes, squeue_output
 from ray_slurm_provider import proc
@@ -142,3 +144,46 @@ def test_kept_records_still_cancel_a_late_stray(tmp_path: Path) -> None:
     p.strays.add(nonce)  # its submission was reported failed after it was listed
     assert p.non_terminated_nodes({}) == []  # the whole array shares the nonce
     assert f.cancelled == [sorted(ids)]
+
+
+def _job(job_id: str, state: str = "RUNNING", **tags: str) -> Any:
+    from ray_slurm_provider.slurm.client import Job
+
+    comment = encode_tags({KIND: "worker", **tags})
+    return Job(job_id=job_id, name="ray-c", state=state, comment=comment)
+
+
+def test_take_keeps_ours_drops_gone_inactive_and_foreign_and_finds_strays() -> None:
+    from ray_slurm_provider.jobs import encode_tags as enc
+    from ray_slurm_provider.provider.snapshot import take
+    from ray_slurm_provider.slurm.client import Job
+
+    jobs = [_job("1"), _job("2", "COMPLETING"), _job("3"), _job("4", nonce="bad"),
+            Job(job_id="5", name="ray-c", state="RUNNING", comment="someone else's"),
+            Job(job_id="6", name="ray-c", state="PENDING", comment=enc({"nonce": "ok"}))]
+    snap = take(jobs, {}, gone={"3"}, stray=lambda n: n == "bad", submit_tag="nonce",
+                tags=lambda job, created: {**created, "seen": job.job_id})
+    assert sorted(snap.nodes) == ["1", "6"] and snap.strays == ["4"]
+    assert snap.nodes["6"].tags == {"seen": "6"}  # the submit tag is not a node tag
+
+
+def test_take_reuses_an_unchanged_record_with_the_fresh_job() -> None:
+    from ray_slurm_provider.provider.snapshot import NodeRecord, take
+
+    old = NodeRecord(_job("1"), {"kept": "yes"})
+    fresh = replace(_job("1"), time_left_s=5)
+    snap = take([fresh], {"1": old}, gone=set(), stray=lambda n: False, submit_tag="nonce",
+                tags=lambda job, created: {"rebuilt": "yes"})
+    assert snap.nodes["1"] is old and old.tags == {"kept": "yes"} and old.job is fresh
+
+
+def test_vanished_workers_are_running_workers_that_left_unless_cancelled_by_us() -> None:
+    from ray_slurm_provider.provider.snapshot import NodeRecord, vanished_workers
+
+    before = {"1": NodeRecord(_job("1"), {KIND: "worker"}),
+              "2": NodeRecord(_job("2", "PENDING"), {KIND: "worker"}),
+              "3": NodeRecord(_job("3"), {KIND: "head"}),
+              "4": NodeRecord(_job("4"), {KIND: "worker"}),
+              "5": NodeRecord(_job("5"), {KIND: "worker"})}
+    now = {"5": before["5"]}
+    assert [j for j, _ in vanished_workers(before, now, gone={"4"})] == ["1"]
