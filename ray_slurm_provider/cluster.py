@@ -77,6 +77,17 @@ def _strs(value: Any) -> list[str]:
     return [str(v) for v in value or []]
 
 
+def _resources(value: Any, path: str) -> dict[str, int]:
+    if not isinstance(value or {}, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+    out = {}
+    for k, v in (value or {}).items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"{path}.{k}: expected a whole number >= 0, got {v!r}")
+        out[str(k)] = int(v)
+    return out
+
+
 def _node_type(name: str, nt: Mapping[str, Any], commands: NodeCommands) -> NodeType:
     check_name(name, f"available_node_types.{name}")
     if not isinstance(nt, Mapping):
@@ -84,16 +95,51 @@ def _node_type(name: str, nt: Mapping[str, Any], commands: NodeCommands) -> Node
     return NodeType(
         name=name,
         node_config=parse_node_config(nt.get("node_config"), name),
-        resources={str(k): int(v) for k, v in (nt.get("resources") or {}).items()},
+        resources=_resources(nt.get("resources"), f"available_node_types.{name}.resources"),
         labels={str(k): str(v) for k, v in (nt.get("labels") or {}).items()},
         commands=commands,
         has_resources="resources" in nt,
     )
 
 
+def _number(raw: Mapping[str, Any], key: str, path: str, *, integer: bool = False,
+            above_zero: bool = False) -> float | None:
+    """A Ray scaling key: the type and range Ray's own schema does not enforce."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"{path}: expected {'an integer' if integer else 'a number'}, "
+                          f"got {value!r}")
+    if above_zero and value <= 0:
+        raise ConfigError(f"{path}: {value} is not above 0")
+    if value < 0:
+        raise ConfigError(f"{path}: {value} is negative; valid: 0 or more")
+    return float(value)
+
+
+def check_scaling(raw: Mapping[str, Any]) -> None:
+    """Ray's scaling keys: a negative `max_workers` passes Ray's own checks and the type then
+    silently never scales; `min_workers` above `max_workers` can never be met."""
+    _number(raw, "max_workers", "max_workers", integer=True)
+    _number(raw, "idle_timeout_minutes", "idle_timeout_minutes")
+    _number(raw, "upscaling_speed", "upscaling_speed", above_zero=True)
+    for t, nt in (raw.get("available_node_types") or {}).items():
+        if not isinstance(nt, Mapping):
+            continue
+        where = f"available_node_types.{t}"
+        low = _number(nt, "min_workers", f"{where}.min_workers", integer=True)
+        high = _number(nt, "max_workers", f"{where}.max_workers", integer=True)
+        if low is not None and high is not None and low > high:
+            raise ConfigError(f"{where}.min_workers: {int(low)} is more than its max_workers "
+                              f"{int(high)}; valid: 0 to {int(high)}")
+
+
 def parse_cluster(raw: Mapping[str, Any]) -> ClusterConfig:
     """The whole cluster YAML (after Ray's own defaults); ConfigError names the key path."""
     name = check_name(str(raw.get("cluster_name", "")), "cluster_name")
+    check_scaling(raw)
     provider = parse_provider(raw.get("provider") or {})
     types = raw.get("available_node_types") or {}
     if not types:

@@ -9,6 +9,7 @@ choices, and `cli/docs.py` renders the same fields as the config reference.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 from collections.abc import Mapping
 from dataclasses import field
@@ -93,8 +94,10 @@ def load(cls: type[T], data: Any, path: str, *, passthrough_prefix: str = "_") -
         if passthrough_prefix and str(key).startswith(passthrough_prefix):
             continue
         if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
             raise ConfigError(
-                f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(fields))}"
+                f"{path}.{key}: unknown key; {hint}valid keys are: {', '.join(sorted(fields))}"
             )
         kwargs[key] = _convert(hints[key], value, f"{path}.{key}")
     return cls(**kwargs)

@@ -9,9 +9,11 @@ only its own section, yet workers must run the YAML's initialization, setup and 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -38,10 +40,25 @@ def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
     return make_client(parse_provider((config or {}).get("provider") or {})).cluster_info()
 
 
+def check_ray_schema(config: dict[str, Any]) -> None:
+    """Ray's own config schema (the one `ray up` applies), so `ray-slurm validate` catches
+    what `ray up` would, with the key path in the error."""
+    import jsonschema
+    import ray.autoscaler
+
+    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    try:
+        jsonschema.validate(config, schema)
+    except jsonschema.ValidationError as e:
+        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise ConfigError(f"{where}: {e.message}") from None
+
+
 def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
     """Parse the cluster and check every key this provider owns (against Slurm too, when
     `live`); ConfigError names the key path."""
     cluster = parse_cluster(config)
+    check_ray_schema(config)
     check_static(cluster)
     if live:
         try:

@@ -202,3 +202,28 @@ def test_cluster_dir_of_loaded_config(tmp_path: Path) -> None:
     c = cluster(tmp_path, FakeSlurm())
     assert c.cdir.root == ClusterDir(str(tmp_path / "state"), "sandbox").root
     assert c.job_name == "ray-sandbox" and c.parsed.head_type == "head"
+
+
+def test_validate_runs_rays_own_checks_and_the_ranges_ray_lacks(tmp_path: Path) -> None:
+    """Issue 14.17: `min_workers: lots`, `idle_timeout_minutes: soon` and `max_workers: -3`
+    used to pass `ray-slurm validate`."""
+    for key, value, match in [
+        ("min_workers", "lots", "available_node_types.cpu_worker.min_workers: expected an "
+                                "integer, got 'lots'"),
+        ("max_workers", -3, "available_node_types.cpu_worker.max_workers: -3 is negative"),
+        (None, "soon", "idle_timeout_minutes: expected a number, got 'soon'"),
+        ("resources", {"CPU": "two"}, "available_node_types.cpu_worker.resources.CPU: "
+                                      "expected a whole number >= 0, got 'two'"),
+        ("", 5, "(top level): Additional properties are not allowed ('idle_timout_minutes' "
+                "was unexpected)"),  # Ray's own schema
+    ]:
+        c = cluster(tmp_path, FakeSlurm())
+        if key == "":
+            c.config["idle_timout_minutes"] = value
+        elif key is None:
+            c.config["idle_timeout_minutes"] = value
+        else:
+            c.config["available_node_types"]["cpu_worker"][key] = value
+        fails = [f"{f.what}: {f.message}" for f in validate.validate_findings(c)
+                 if f.level == "fail"]
+        assert len(fails) == 1 and match in fails[0], fails

@@ -121,3 +121,32 @@ def test_good_config_and_no_limit_warning(capsys: pytest.CaptureFixture[str]) ->
 def test_ray_up_refuses_before_submitting() -> None:
     with pytest.raises(click.ClickException, match=rf"Invalid cluster config: {NC}\.time"):
         SlurmNodeProvider.bootstrap_config(cfg({"time": "soon"}))
+
+
+# --- issue 14.17: Ray's own keys are checked too, with the ranges Ray's schema lacks --------
+@pytest.mark.parametrize("where, key, value, match", [
+    ("w", "max_workers", -2, r"available_node_types\.w\.max_workers: -2 is negative"),
+    ("w", "min_workers", -1, r"available_node_types\.w\.min_workers: -1 is negative"),
+    ("w", "min_workers", 5, r"available_node_types\.w\.min_workers: 5 is more than its "
+                            r"max_workers 3"),
+    (None, "max_workers", -3, r"^max_workers: -3 is negative"),
+    (None, "idle_timeout_minutes", -1, r"idle_timeout_minutes: -1 is negative"),
+    (None, "upscaling_speed", 0, r"upscaling_speed: 0 is not above 0"),
+])
+def test_ray_keys_out_of_range_are_refused_with_the_key_path(
+        where: str | None, key: str, value: Any, match: str) -> None:
+    c = cfg()
+    c["available_node_types"]["w"]["max_workers"] = 3
+    (c["available_node_types"][where] if where else c)[key] = value
+    with pytest.raises(ConfigError, match=match):
+        validate(c)
+    with pytest.raises(click.ClickException, match=match.lstrip("^")):
+        SlurmNodeProvider.bootstrap_config(c)  # `ray up` refuses it before submitting
+
+
+def test_a_misspelt_key_gets_the_nearest_valid_one() -> None:
+    c = cfg()
+    c["available_node_types"]["w"]["node_config"]["partiton"] = "cpu"
+    with pytest.raises(ConfigError, match=r"node_config\.partiton: unknown key; did you mean "
+                                          r"'partition'\?"):
+        validate(c)
