@@ -30,6 +30,8 @@ import dataclasses
 import logging
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ray.autoscaler.node_provider import NodeProvider
@@ -63,11 +65,21 @@ logger = logging.getLogger(__name__)
 
 
 class SlurmNodeProvider(NodeProvider):
+    #: Longer than Slurm takes to end a cancelled job (KillWait, 30 s by default, plus epilog).
+    GONE_TTL_S = 120.0
+
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeRecord] = {}
-        self._gone: set[str] = set()
+        # Cancelled by us -> when: hidden from listings until Slurm drops them, or for at
+        # most GONE_TTL_S (a job that outlives its scancel must show up again).
+        self._gone: dict[str, float] = {}
+        # Created by us -> how many listings had started then: a listing that started
+        # earlier cannot know the job, so its record must survive that listing's swap.
+        self._born: dict[str, int] = {}
+        self._listings = 0
+        self._clock: Callable[[], float] = time.monotonic
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
         try:
@@ -114,6 +126,11 @@ class SlurmNodeProvider(NodeProvider):
 
     # --- listing -----------------------------------------------------------------------
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        with self._lock:
+            self._listings += 1
+            listing = self._listings
+            now = self._clock()
+            self._gone = {i: t for i, t in self._gone.items() if now - t < self.GONE_TTL_S}
         jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
         # Last tick's records are reused only while no tags file or stray changed since.
         gen = (self.cluster_dir.tags_generation(), self.strays.generation)
@@ -122,12 +139,24 @@ class SlurmNodeProvider(NodeProvider):
                     submit_tag=SUBMIT_TAG, tags=self._tags)
         nodes, strays = snap.nodes, snap.strays
         with self._lock:
+            self._merge_created(listing, nodes)
+            listed = {j.job_id for j in jobs}
+            self._gone = {i: t for i, t in self._gone.items() if i in listed}
             before, self._nodes = self._nodes, nodes
             ids = [i for i, r in nodes.items()
                    if all(r.tags.get(k) == v for k, v in tag_filters.items())
                    ] if tag_filters else list(nodes)
         self._after_listing(before, nodes, strays)
         return ids
+
+    def _merge_created(self, listing: int, nodes: dict[str, NodeRecord]) -> None:
+        """Keep the nodes created while this listing was in flight (it cannot know them);
+        forget the creation of those a later-started listing has settled either way."""
+        for job_id, born in list(self._born.items()):
+            if job_id in nodes or born < listing:
+                del self._born[job_id]  # listed, or gone although the listing knew of it
+            elif job_id in self._nodes and job_id not in self._gone:
+                nodes[job_id] = self._nodes[job_id]
 
     def _after_listing(self, before: dict[str, NodeRecord], nodes: dict[str, NodeRecord],
                        strays: list[str]) -> None:
@@ -233,6 +262,7 @@ class SlurmNodeProvider(NodeProvider):
                       partition=ncfg.partition or "")
             with self._lock:
                 self._nodes[job_id] = NodeRecord(job, dict(tags))
+                self._born[job_id] = self._listings
             created[job_id] = job
         return created
 
@@ -249,9 +279,10 @@ class SlurmNodeProvider(NodeProvider):
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         self.slurm.cancel(ids)  # one call; jobs already gone are fine; errors raise
         with self._lock:
+            now = self._clock()
             for i in ids:
                 self._nodes.pop(i, None)
-                self._gone.add(i)
+                self._gone[i] = now
         self.cluster_dir.forget(ids)
         logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
         return None

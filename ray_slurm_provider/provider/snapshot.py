@@ -16,7 +16,7 @@ the tick may; most jobs have not changed since the last tick, so their records a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ray.autoscaler.tags import (
@@ -64,7 +64,7 @@ class Snapshot:
     strays: list[str] = field(default_factory=list)
 
 
-def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: set[str],
+def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container[str],
          stray: Callable[[str | None], bool], submit_tag: str,
          tags: Callable[[Job, dict[str, str]], dict[str, str]]) -> Snapshot:
     """The records of this listing's jobs: last tick's record for an unchanged job, else a
@@ -88,7 +88,7 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: set[str],
 
 
 def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRecord],
-                     gone: set[str]) -> list[tuple[str, NodeRecord]]:
+                     gone: Container[str]) -> list[tuple[str, NodeRecord]]:
     """Workers seen running last tick that left the queue without us cancelling them."""
     return [(job_id, rec) for job_id, rec in before.items()
             if job_id not in now and job_id not in gone and rec.job.running

@@ -235,3 +235,63 @@ def test_fillout_resources_from_partition(monkeypatch: pytest.MonkeyPatch) -> No
     res = out["available_node_types"]["w"]["resources"]
     assert res["CPU"] >= 1 and res["GPU"] == 2 and res["memory"] > 0
     assert out["available_node_types"]["w"]["node_config"]["gpus"] == 2
+
+
+# --- issue 14.10: listing races ------------------------------------------------------------
+class RacingSlurm(FakeSlurm):
+    """Runs `during` after the listing was taken, before it is returned: another thread of
+    the autoscaler creating a node while this listing is in flight."""
+
+    during: Any = None
+
+    def list_jobs(self, job_name: str) -> list[Any]:
+        jobs = super().list_jobs(job_name)
+        if self.during is not None:
+            cb, self.during = self.during, None
+            cb()
+        return jobs
+
+
+def test_a_node_created_while_a_listing_is_in_flight_survives_it(tmp_path: Path) -> None:
+    p, f = make(tmp_path, RacingSlurm())
+    created: list[str] = []
+    f.during = lambda: created.extend(
+        p.create_node_with_resources_and_labels({}, WORKER_TAGS, 1, {"CPU": 1}, {}))
+    listed = p.non_terminated_nodes({})
+    (new,) = created
+    assert new in listed and not p.is_terminated(new)
+    assert p.node_tags(new)[TAG_RAY_USER_NODE_TYPE] == "cpu_worker"
+    assert p.non_terminated_nodes({}) == [new]  # and the next listing sees it from Slurm
+
+
+def test_a_created_node_slurm_no_longer_lists_is_dropped(tmp_path: Path) -> None:
+    p, f = make(tmp_path)
+    (new,) = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 1, {"CPU": 1}, {})
+    f.jobs.pop(new)  # gone before any listing saw it (e.g. failed at once)
+    assert p.non_terminated_nodes({}) == [] and p.is_terminated(new)
+
+
+class DeafSlurm(FakeSlurm):
+    """scancel answers success but the job lives on (e.g. a controller that lost it)."""
+
+    def cancel(self, job_ids: Any) -> None:
+        self.calls["cancel"] += 1
+
+
+def test_a_cancelled_job_that_still_lives_shows_up_again(tmp_path: Path) -> None:
+    p, f = make(tmp_path, DeafSlurm())
+    p._clock = f.clock.now
+    (w,) = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 1, {"CPU": 1}, {})
+    f.start(w, "n1")
+    p.terminate_node(w)
+    assert p.non_terminated_nodes({}) == []  # hidden while Slurm takes its time to end it
+    f.clock.advance(SlurmNodeProvider.GONE_TTL_S + 1)
+    assert p.non_terminated_nodes({}) == [w]  # still alive long after: the autoscaler sees it
+
+
+def test_forgets_cancelled_jobs_once_slurm_has_dropped_them(tmp_path: Path) -> None:
+    p, _ = make(tmp_path)
+    ids = list(p.create_node_with_resources_and_labels({}, WORKER_TAGS, 3, {"CPU": 1}, {}))
+    p.terminate_nodes(ids)
+    p.non_terminated_nodes({})
+    assert p._gone == {}
