@@ -4,6 +4,11 @@ the real `ray up` / `ray job submit` / `ray down`, Slurm and Ray probes, and res
 Every external command is an argv list (never a shell). Nothing here stops anything it did not
 start: clusters are named `bench-*` and live on the benchmark sandbox (default
 /tmp/rsp-bench, see BENCHMARKS.md), never on someone else's.
+
+What the e2e tests also need has its one home under tests/e2e/ and is imported from there
+(the scripts run as `python -m bench.<name>` from the repository root): the cluster driver
+(`RayCluster`, of which `Cluster` is the benchmark flavour), `wait_for`, Ray's log lines
+(harness.py) and /proc (procfs.py).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import re
 import socket
 import statistics
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,15 +30,13 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
-RAY = str(VENV_BIN / "ray")
+from tests.e2e import harness
+from tests.e2e.harness import ROOT, TICK_MARK, VENV_BIN, RayCluster, log_lines
+from tests.e2e.procfs import PROC, pids_with, pss_kb, stat_fields
+
 SANDBOX_DIR = Path(os.environ.get("RSP_BENCH_SANDBOX", "/tmp/rsp-bench"))
 WORK = Path(os.environ.get("RSP_BENCH_WORK", "/tmp/rsp-bench-work"))
 RESULTS = ROOT / "bench" / "results"
-#: What the v2 monitor logs once per autoscaler tick (it re-reads the cluster config every
-#: update and warns about the legacy fields each time). Used to count ticks.
-TICK_MARK = "Dropping the empty legacy field head_node"
 
 
 # --- environment ------------------------------------------------------------------------
@@ -69,14 +71,8 @@ def run(argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: floa
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    """harness.wait_for, raising TimeoutError."""
+    return harness.wait_for(cond, timeout, what, every, error=TimeoutError)
 
 
 # --- Slurm probes --------------------------------------------------------------------------
@@ -198,38 +194,21 @@ def http_ok(url: str, token: str | None) -> bool:
 
 def monitor_ticks(log: Path, since: float = 0.0, until: float = float("inf")) -> list[float]:
     """Epoch times of the autoscaler ticks logged in `monitor.log` within [since, until]."""
-    out: list[float] = []
     if not log.exists():
-        return out
-    for line in log.read_text(errors="replace").splitlines():
-        if TICK_MARK not in line:
-            continue
-        t = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if since <= t <= until:
-            out.append(t)
-    return out
+        return []
+    return [t for t, _ in log_lines(log, since, TICK_MARK) if t <= until]
 
 
 # --- memory --------------------------------------------------------------------------------
 
-def _pss_kb(pid: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _procs() -> dict[int, tuple[int, bytes, bytes]]:
     """pid -> (parent pid, cmdline, environ) of every process we may read."""
     out = {}
-    for p in Path("/proc").iterdir():
+    for p in PROC.iterdir():
         if not p.name.isdigit():
             continue
         try:
-            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(stat_fields(p.name)[1])
             out[int(p.name)] = (ppid, (p / "cmdline").read_bytes(), (p / "environ").read_bytes())
         except (OSError, IndexError, ValueError):
             continue
@@ -273,10 +252,9 @@ def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     for job, pids in job_processes(job_ids).items():
         r = res[job] = {"pss_kb": 0, "procs": len(pids), "cpu_s": 0.0}
         for pid in pids:
-            r["pss_kb"] += _pss_kb(str(pid))
+            r["pss_kb"] += pss_kb(pid)
             try:
-                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                r["cpu_s"] += sum(int(x) for x in f[11:15]) / hz
+                r["cpu_s"] += sum(int(x) for x in stat_fields(pid)[11:15]) / hz
             except (OSError, IndexError, ValueError):
                 pass
     return res
@@ -284,17 +262,7 @@ def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 def daemon_pss_kb(*patterns: str) -> list[int]:
     """PSS (kB) of each process whose command line contains every pattern."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if all(pat in cmd for pat in patterns):
-            out.append(_pss_kb(p.name))
-    return out
+    return [pss_kb(pid) for pid in pids_with(*patterns)]
 
 
 def mem_available_mb() -> int:
@@ -338,96 +306,25 @@ def bench_config(name: str, *, workers: int = 32, upscaling_speed: float = 1.0,
     return cfg
 
 
-class Cluster:
-    """One cluster config on disk plus the commands a user would run against it."""
+class Cluster(RayCluster):
+    """A cluster of the benchmark sandbox: config, state and `commands.log` under
+    WORK/<name>; its commands run in `sandbox_env()`; a failure raises RuntimeError."""
+
+    failure = RuntimeError
+    ray_timeout = 900
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.name = str(config["cluster_name"])
-        self.dir = WORK / self.name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"{self.name}.yaml"
-        self.path.write_text(yaml.safe_dump(config))
-        from ray_slurm_provider.state import ClusterDir
-
-        self.cdir = ClusterDir(config["provider"]["state_dir"], self.name)
+        name = str(config["cluster_name"])
+        self.dir = WORK / name
+        super().__init__(self.dir, name, config)
         self.log = self.dir / "commands.log"
 
-    @property
-    def job_name(self) -> str:
-        return f"ray-{self.name}"
+    def base_env(self) -> dict[str, str]:
+        return sandbox_env()
 
-    @property
-    def token_path(self) -> Path:
-        return self.cdir.root / "auth_token"
-
-    def token(self) -> str | None:
-        try:
-            return self.token_path.read_text().strip()
-        except OSError:
-            return None
-
-    def env(self) -> dict[str, str]:
-        env = sandbox_env()
-        env["RAY_AUTH_MODE"] = "token"
-        env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
-        return env
-
-    def ray(self, *args: str, timeout: float = 900, check: bool = True,
-            ) -> subprocess.CompletedProcess[str]:
-        t0 = time.time()
-        cp = subprocess.run([RAY, *args], capture_output=True, text=True, timeout=timeout,
-                            env=self.env(), stdin=subprocess.DEVNULL, cwd=ROOT, check=False)
-        with self.log.open("a") as f:
-            f.write(f"$ ray {' '.join(args)}  # {time.time() - t0:.1f}s exit {cp.returncode}\n"
-                    f"{cp.stdout[-4000:]}\n{cp.stderr[-4000:]}\n")
-        if check and cp.returncode != 0:
-            raise RuntimeError(f"ray {' '.join(args)} failed ({cp.returncode}):\n"
-                               f"{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
-        return cp
-
-    def up_argv(self) -> list[str]:
-        return [RAY, "up", "-y", "--no-config-cache", str(self.path)]
-
-    def up(self) -> float:
-        t0 = time.monotonic()
-        self.ray("up", "-y", "--no-config-cache", str(self.path))
-        return time.monotonic() - t0
-
-    def down(self) -> float:
-        t0 = time.monotonic()
-        self.ray("down", "-y", str(self.path), check=False)
-        return time.monotonic() - t0
-
-    def head(self) -> dict[str, Any]:
-        from ray_slurm_provider.state import read_json
-
-        info = read_json(self.cdir.head_info)
-        if not info:
-            raise RuntimeError(f"no head info in {self.cdir.head_info}")
-        return dict(info)
-
-    @property
-    def dashboard(self) -> str:
-        h = self.head()
-        return f"http://{h['ip']}:{h['dashboard_port']}"
-
-    def monitor_log(self) -> Path:
-        return Path(f"/tmp/rsp-{self.head()['job_id']}/session_latest/logs/monitor.log")
-
-    def jobs(self) -> list[dict[str, str]]:
+    def squeue(self) -> list[dict[str, str]]:
+        """The cluster's jobs as `squeue` rows (array tasks one by one)."""
         return squeue(self.job_name)
-
-    def job_submit(self, script: str, *, wait: bool = True, timeout: float = 900) -> str:
-        """`ray job submit` a Python snippet that runs on the head; return its output."""
-        args = ["job", "submit", "--address", self.dashboard]
-        if not wait:
-            args.append("--no-wait")
-        cp = self.ray(*args, "--", "python", "-c", script, timeout=timeout)
-        return cp.stdout
-
-    def cleanup(self) -> None:
-        """Last resort: cancel whatever the cluster still has (only this cluster's jobs)."""
-        scancel(j["id"] for j in self.jobs())
 
 
 # --- results -------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    RAY,
     WORK,
     Cluster,
     bench_config,
@@ -45,6 +44,7 @@ from bench.common import (
     wait_for,
 )
 from ray_slurm_provider.ports import port_block
+from tests.e2e.harness import RAY
 
 
 class Probe:
@@ -87,7 +87,7 @@ def wait_gone(name: str | None, ids: list[str], timeout: float = 180) -> float:
 def provider_run(c: Cluster, poll: float, timeout: float) -> dict[str, Any]:
     ports = port_block(c.name)
     t0 = time.time()
-    p = subprocess.Popen(c.up_argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    p = subprocess.Popen([RAY, *c.up_args()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, env=c.env(), stdin=subprocess.DEVNULL)
     probe = Probe(t0, ports.gcs, ports.dashboard, None)
     out = ""
@@ -96,7 +96,7 @@ def provider_run(c: Cluster, poll: float, timeout: float) -> dict[str, Any]:
             tick = time.time()
             if probe.token is None:
                 probe.token = c.token()
-            answered = probe.poll(c.jobs())
+            answered = probe.poll(c.squeue())
             if p.poll() is not None:
                 probe.mark("ray_up_exit")
             if answered and "ray_up_exit" in probe.times:
@@ -139,7 +139,8 @@ def agent_times(log_path: Path, t0: float) -> dict[str, float]:
     return out
 
 
-def head_start_line(c: Cluster, job_id: str) -> list[str]:
+def agent_start_line(c: Cluster, job_id: str) -> list[str]:
+    """The `ray start` argv the agent of `job_id` logged (`starting: ...`)."""
     for line in c.cdir.log(job_id).read_text().splitlines():
         m = re.match(r"^\[ray-slurm [\d:]+\] starting: (.*)$", line)
         if m:
@@ -228,11 +229,11 @@ def main() -> None:
                     log(f"  provider run failed: {str(e)[-300:]}")
                     c.down()
                     c.cleanup()
-                    wait_gone(c.job_name, [j["id"] for j in c.jobs()])
+                    wait_gone(c.job_name, [j["id"] for j in c.squeue()])
                     continue
                 job = str(r["job_id"])
                 if script is None:
-                    script = raw_script(head_start_line(c, job), c)
+                    script = raw_script(agent_start_line(c, job), c)
                     (WORK / cname / "raw-head.sbatch").write_text(script)
                 t = time.time()
                 c.down()

@@ -30,7 +30,6 @@ import time
 from typing import Any
 
 from bench.common import (
-    RAY,
     WORK,
     Cluster,
     bench_config,
@@ -44,7 +43,8 @@ from bench.common import (
     summary,
     wait_for,
 )
-from bench.p1_ray_up import agent_times, wait_gone
+from bench.p1_ray_up import agent_start_line, agent_times, wait_gone
+from tests.e2e.harness import RAY
 
 DRIVER = r"""
 import json, sys, time, ray
@@ -60,14 +60,6 @@ open(marker, "w").write(repr(t0))
 t1, node = ray.get(ref)
 print("P2RESULT " + json.dumps({"t_demand": t0, "t_task": t1, "node": node}))
 """
-
-
-def worker_start_line(c: Cluster, job_id: str) -> list[str]:
-    for line in c.cdir.log(job_id).read_text().splitlines():
-        m = re.match(r"^\[ray-slurm [\d:]+\] starting: (.*)$", line)
-        if m:
-            return m.group(1).split()
-    raise RuntimeError(f"no `starting:` line in {c.cdir.log(job_id)}")
 
 
 def raw_worker_script(argv: list[str], c: Cluster) -> str:
@@ -96,7 +88,7 @@ def raw_worker_script(argv: list[str], c: Cluster) -> str:
 def one_round(c: Cluster, mode: str, script: str | None, i: int) -> dict[str, Any]:
     marker = WORK / c.name / f"marker-{mode}-{i}"
     marker.unlink(missing_ok=True)
-    before = {j["id"] for j in c.jobs()}
+    before = {j["id"] for j in c.squeue()}
     args = [RAY, "job", "submit", "--address", c.dashboard, "--", "python", "-c", DRIVER,
             mode, str(marker)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -127,7 +119,7 @@ def one_round(c: Cluster, mode: str, script: str | None, i: int) -> dict[str, An
                  demand_to_sbatch=round(t_sbatch - r["t_demand"], 3))
         jobs = [raw_job]
     else:
-        new = [j["id"] for j in c.jobs() if j["id"] not in before]
+        new = [j["id"] for j in c.squeue() if j["id"] not in before]
         r.update(job_id=",".join(new), latency=round(r["t_task"] - r["t_demand"], 3))
         jobs = new
         t0 = r["t_demand"]
@@ -169,7 +161,7 @@ def main() -> None:
             runs["provider"].append(r)
             log(f"  {r}")
             if script is None:
-                script = raw_worker_script(worker_start_line(c, r["job_id"].split(",")[0]), c)
+                script = raw_worker_script(agent_start_line(c, r["job_id"].split(",")[0]), c)
                 (WORK / c.name / "raw-worker.sbatch").write_text(script)
             time.sleep(args.settle)
             log(f"round {i + 1}/{args.runs}: raw")

@@ -47,7 +47,6 @@ from collections import Counter
 from typing import Any
 
 from bench.common import (
-    RAY,
     SANDBOX_DIR,
     WORK,
     Cluster,
@@ -69,7 +68,9 @@ from bench.common import (
     summary,
     wait_for,
 )
-from bench.p2_demand import raw_worker_script, worker_start_line
+from bench.p1_ray_up import agent_start_line
+from bench.p2_demand import raw_worker_script
+from tests.e2e.harness import RAY
 
 DRIVER = r"""
 import json, sys, time, ray
@@ -158,7 +159,7 @@ class Scale:
 
     def workers(self) -> list[str]:
         head = str(self.c.head()["job_id"])
-        return [j["id"] for j in self.c.jobs() if j["id"] != head]
+        return [j["id"] for j in self.c.squeue() if j["id"] != head]
 
     # --- phases --------------------------------------------------------------------------
     def up(self) -> None:
@@ -187,7 +188,7 @@ class Scale:
         self.grow(n)
         n = self.driver(len(self.workers()), "provider", 120)["alive"]
         log(f"  {n} alive; settling {self.args.settle}s")
-        wait_for(lambda: all(j["state"] == "RUNNING" for j in self.c.jobs())
+        wait_for(lambda: all(j["state"] == "RUNNING" for j in self.c.squeue())
                  and len(self.workers()) == n, 300, f"{n} running worker jobs")
         time.sleep(self.args.settle)
         mon = self.c.monitor_log()
@@ -277,7 +278,7 @@ class Scale:
                     and "starting: " in c.cdir.log(j).read_text()]
             if not logs:
                 raise RuntimeError(f"raw:{n} needs a provider worker's log first")
-            self.raw_script = raw_worker_script(worker_start_line(c, logs[-1].stem), c)
+            self.raw_script = raw_worker_script(agent_start_line(c, logs[-1].stem), c)
         jobs: list[str] = []
 
         def submit() -> dict[str, Any]:
@@ -304,7 +305,7 @@ class Scale:
 
     def mem(self) -> None:
         head = str(self.c.head()["job_id"])
-        pss = job_pss_kb([j["num"] for j in self.c.jobs()])
+        pss = job_pss_kb([j["num"] for j in self.c.squeue()])
         workers = [v["pss_kb"] / 1024 for j, v in pss.items() if j != head]
         slurmd = [v / 1024 for v in daemon_pss_kb("slurmd -D -N n",
                                                    f"{SANDBOX_DIR}/etc/slurm.conf")]
@@ -322,7 +323,7 @@ class Scale:
 
     def p6(self) -> None:
         c = self.c
-        ids = [j["num"] for j in c.jobs()]  # numeric: how their processes are found
+        ids = [j["num"] for j in c.squeue()]  # numeric: how their processes are found
         log(f"P6 ray down with {len(ids)} jobs")
         load1 = round(os.getloadavg()[0], 1)
         t0 = time.time()

@@ -1,17 +1,18 @@
 """Helpers for the hardening e2e tests: what a job is, when it was submitted, which process
-is whose raylet, what the head's autoscaler logged, and Ray jobs that run in the background."""
+is whose raylet, what the head's autoscaler logged, and Ray jobs that run in the background.
+
+Reading /proc lives in `tests/e2e/procfs.py`, reading Ray's logs in `tests/e2e/harness.py`
+(`log_lines`, `TICK_MARK`); both are shared with the benchmarks."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -24,14 +25,13 @@ from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.parse import parse_kv_line
 from ray_slurm_provider.units import parse_duration
-from tests.e2e.harness import RayCluster
-
-_LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+from tests.e2e.harness import TICK_MARK, RayCluster, log_lines
+from tests.e2e.procfs import pids_with, stat_fields
 
 
 def jobs(cluster: RayCluster) -> list[Job]:
     """The cluster's jobs as the provider sees them (one squeue)."""
-    return CliSlurmClient().list_jobs(f"ray-{cluster.name}")
+    return CliSlurmClient().list_jobs(cluster.job_name)
 
 
 def node_type(job: Job) -> str:
@@ -71,21 +71,6 @@ def gone(job_id: str) -> bool:
     return state not in ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED")
 
 
-def pids_with(*needles: str) -> list[int]:
-    """PIDs whose command line contains every needle."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if all(n in cmd for n in needles):
-            out.append(int(p.name))
-    return out
-
-
 def raylet_pid(job_id: str) -> int:  # the numeric id (Job.numeric_id)
     """The raylet of exactly this job (its temp dir is /tmp/rsp-<job id>)."""
     (pid,) = [p for p in pids_with("raylet/raylet", f"/rsp-{job_id}/")
@@ -102,7 +87,7 @@ def ray_node_id(job_id: str) -> str:
 def api(cluster: RayCluster, path: str, body: dict[str, Any] | None = None,
         method: str = "GET") -> Any:
     """The head's dashboard HTTP API, with the cluster's token."""
-    token = (cluster.cdir.root / "auth_token").read_text().strip()
+    token = cluster.token_path.read_text().strip()
     req = urllib.request.Request(
         cluster.dashboard + path, method=method,
         data=json.dumps(body).encode() if body is not None else None,
@@ -125,7 +110,7 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    return stat_fields(pid)[0] != "Z"
 
 
 def agent_pid(cluster: RayCluster, job_id: str) -> int:
@@ -142,32 +127,12 @@ def cont(pid: int) -> None:
 
 
 def monitor_log(cluster: RayCluster) -> Path:
-    head = cluster.head()["job_id"]
-    return Path(f"/tmp/rsp-{head}/session_latest/logs/monitor.log")
-
-
-def log_lines(path: Path, since: float, pattern: str = "") -> list[tuple[float, str]]:
-    """Timestamped lines of a Ray log at or after `since` that match `pattern`."""
-    out = []
-    rx = re.compile(pattern)
-    for line in path.read_text(errors="replace").splitlines():
-        m = _LOG_TS.match(line)
-        if not m:
-            continue
-        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
-        if t >= since and rx.search(line):
-            out.append((t, line))
-    return out
-
-
-#: Ray 2.60's v2 monitor re-reads the cluster config once per autoscaler iteration and warns
-#: about these legacy fields each time: one line per tick.
-TICK_LINE = r"Dropping the empty legacy field head_node"
+    return cluster.monitor_log()
 
 
 def ticks(log: Path, t0: float, t1: float) -> int:
     """Autoscaler iterations that started in (t0, t1]."""
-    return len([t for t, _ in log_lines(log, t0, TICK_LINE) if t0 < t <= t1])
+    return len([t for t, _ in log_lines(log, t0, TICK_MARK) if t0 < t <= t1])
 
 
 #: The provider's log line for one submission (one sbatch: a job, or an array of tasks).

@@ -1,9 +1,15 @@
-"""Driving real `ray up` / `ray down` / `ray job submit` against the sandbox from tests."""
+"""Driving real `ray up` / `ray down` / `ray job submit` against the sandbox from tests, and
+reading what the cluster's Ray logged.
+
+`bench/common.py` builds its `Cluster` on `RayCluster` (run as `python -m bench.<name>` from
+the repository root, so `tests.e2e` imports there as it does under pytest).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,16 +19,23 @@ from typing import Any
 
 import yaml
 
+from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.state import ClusterDir, read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
+#: Ray 2.60's v2 monitor re-reads the cluster config once per autoscaler iteration and warns
+#: about these legacy fields each time: one line per tick (a regex and a plain substring).
+TICK_MARK = "Dropping the empty legacy field head_node"
+_LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 1.0) -> Any:
-    """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 1.0,
+             error: type[Exception] = AssertionError) -> Any:
+    """Poll `cond` until it returns something truthy; raise `error` naming `what` after
+    `timeout`."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -30,18 +43,38 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    raise error(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def squeue(name: str) -> list[tuple[str, str]]:
+def squeue(name: str, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """(job id, state) of every job named `name`, straight from squeue."""
     out = subprocess.run(["squeue", "--noheader", f"--name={name}", "--format=%i %T"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
+                         capture_output=True, text=True, timeout=30, check=True,
+                         env=env).stdout
     return [tuple(line.split()[:2]) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
 
 
+def log_lines(path: Path, since: float, pattern: str = "") -> list[tuple[float, str]]:
+    """Timestamped lines of a Ray log at or after `since` that match `pattern`."""
+    out = []
+    rx = re.compile(pattern)
+    for line in path.read_text(errors="replace").splitlines():
+        m = _LOG_TS.match(line)
+        if not m:
+            continue
+        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+        if t >= since and rx.search(line):
+            out.append((t, line))
+    return out
+
+
 class RayCluster:
-    """One cluster config on disk plus the commands a user would run against it."""
+    """One cluster config on disk (`tmp/<name>.yaml`, state in `tmp/state`) plus the commands
+    a user would run against it. A failed command or a missing head raises `failure`."""
+
+    failure: type[Exception] = AssertionError
+    #: Seconds one `ray` command may take unless the call says otherwise.
+    ray_timeout: float = 600
 
     def __init__(self, tmp: Path, name: str, config: dict[str, Any]) -> None:
         self.name = name
@@ -49,6 +82,7 @@ class RayCluster:
         config = json.loads(json.dumps(config))
         config["cluster_name"] = name
         config["provider"]["state_dir"] = str(self.state_dir)
+        tmp.mkdir(parents=True, exist_ok=True)
         self.path = tmp / f"{name}.yaml"
         self.path.write_text(yaml.safe_dump(config))
         self.cdir = ClusterDir(str(self.state_dir), name)
@@ -62,29 +96,55 @@ class RayCluster:
             config[k] = v
         return RayCluster(tmp, name, config)
 
-    def env(self, **extra: str) -> dict[str, str]:
+    @property
+    def job_name(self) -> str:
+        return job_name(self.name)
+
+    @property
+    def token_path(self) -> Path:
+        return self.cdir.root / "auth_token"
+
+    def token(self) -> str | None:
+        try:
+            return self.token_path.read_text().strip()
+        except OSError:
+            return None
+
+    def base_env(self) -> dict[str, str]:
+        """The environment the cluster's commands start from: ours, the venv first on PATH."""
         env = dict(os.environ)
         env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+        return env
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = self.base_env()
         env["RAY_AUTH_MODE"] = "token"
-        env["RAY_AUTH_TOKEN_PATH"] = str(self.cdir.root / "auth_token")
+        env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
         env.update(extra)
         return env
 
-    def ray(self, *args: str, timeout: float = 600, check: bool = True,
+    def ray(self, *args: str, timeout: float | None = None, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        cp = subprocess.run([RAY, *args], capture_output=True, text=True, timeout=timeout,
-                            env=env or self.env(), stdin=subprocess.DEVNULL, cwd=ROOT)
+        t0 = time.monotonic()
+        cp = subprocess.run([RAY, *args], capture_output=True, text=True,
+                            timeout=self.ray_timeout if timeout is None else timeout,
+                            env=env or self.env(), stdin=subprocess.DEVNULL, cwd=ROOT,
+                            check=False)
         with self.log.open("a") as f:
-            f.write(f"$ ray {' '.join(args)}\n{cp.stdout}\n{cp.stderr}\nexit {cp.returncode}\n")
+            f.write(f"$ ray {' '.join(args)}  # {time.monotonic() - t0:.1f}s exit "
+                    f"{cp.returncode}\n{cp.stdout}\n{cp.stderr}\n")
         if check and cp.returncode != 0:
-            raise AssertionError(
+            raise self.failure(
                 f"ray {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout[-3000:]}\n"
                 f"{cp.stderr[-3000:]}\n{self.job_logs()}")
         return cp
 
+    def up_args(self) -> list[str]:
+        return ["up", "-y", "--no-config-cache", str(self.path)]
+
     def up(self, **env: str) -> float:
         t0 = time.monotonic()
-        self.ray("up", "-y", "--no-config-cache", str(self.path), env=self.env(**env))
+        self.ray(*self.up_args(), env=self.env(**env))
         return time.monotonic() - t0
 
     def down(self) -> float:
@@ -94,13 +154,19 @@ class RayCluster:
 
     def head(self) -> dict[str, Any]:
         info = read_json(self.cdir.head_info)
-        assert info, f"no head info in {self.cdir.head_info}"
+        if not info:
+            raise self.failure(f"no head info in {self.cdir.head_info}")
         return dict(info)
 
     @property
     def dashboard(self) -> str:
         h = self.head()
         return f"http://{h['ip']}:{h['dashboard_port']}"
+
+    def monitor_log(self) -> Path:
+        """The head autoscaler's log (in the head's temp dir, gone when its job ends)."""
+        return Path(temp_dir("/tmp", str(self.head()["job_id"]))) / \
+            "session_latest" / "logs" / "monitor.log"
 
     def submit(self, script: str, timeout: float = 300) -> str:
         """`ray job submit` a Python snippet; return its output."""
@@ -110,7 +176,7 @@ class RayCluster:
         return cp.stdout
 
     def jobs(self) -> list[tuple[str, str]]:
-        return squeue(f"ray-{self.name}")
+        return squeue(self.job_name, self.env())
 
     def job_logs(self) -> str:
         out = []
@@ -119,7 +185,7 @@ class RayCluster:
         return "\n".join(out)
 
     def cleanup(self) -> None:
-        """Last resort after a failed test: cancel whatever the cluster still has."""
+        """Last resort after a failed run: cancel whatever the cluster still has."""
         ids = [j for j, _ in self.jobs()]
         if ids:
-            subprocess.run(["scancel", *ids], timeout=30, check=False)
+            subprocess.run(["scancel", *ids], timeout=30, check=False, env=self.env())
