@@ -48,7 +48,14 @@ from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
 from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
 from ray_slurm_provider.jobs import build_job, job_name
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
-from ray_slurm_provider.provider.snapshot import NodeRecord, take, vanished_workers, worker_status
+from ray_slurm_provider.provider.snapshot import (
+    NodeRecord,
+    describe,
+    keep_created,
+    take,
+    vanished_workers,
+    worker_status,
+)
 from ray_slurm_provider.provider.submit import (
     SUBMIT_TAG,
     LaunchGuard,
@@ -56,10 +63,10 @@ from ray_slurm_provider.provider.submit import (
     last_agent_line,
     submit_nodes,
 )
+from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import ClusterDir
-from ray_slurm_provider.walltime import HeadWalltime
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +79,9 @@ class SlurmNodeProvider(NodeProvider):
         super().__init__(provider_config, cluster_name)
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeRecord] = {}
-        # Cancelled by us -> when: hidden from listings until Slurm drops them, or for at
-        # most GONE_TTL_S (a job that outlives its scancel must show up again).
+        # Cancelled -> when: hidden until Slurm drops them, at most GONE_TTL_S (one that
+        # outlives its scancel must show up again). Created -> listings started by then.
         self._gone: dict[str, float] = {}
-        # Created by us -> how many listings had started then: a listing that started
-        # earlier cannot know the job, so its record must survive that listing's swap.
         self._born: dict[str, int] = {}
         self._listings = 0
         self._clock: Callable[[], float] = time.monotonic
@@ -108,21 +113,9 @@ class SlurmNodeProvider(NodeProvider):
         """A node type's Slurm job settings (the command runner builds its steps from them)."""
         return self.cluster.node_type(node_type).node_config
 
-    def job_state(self, node_id: str) -> str:
-        with self._lock:
-            rec = self._nodes.get(node_id)
-        return rec.job.state if rec else "unknown"
-
     def describe_job(self, node_id: str) -> str:
         """One line on where a node's job stands, in Slurm's words."""
-        with self._lock:
-            rec = self._nodes.get(node_id)
-        if rec is None:
-            return f"Slurm job {node_id} is gone"
-        j = rec.job
-        where = f" on {j.batch_host}" if j.batch_host else ""
-        why = f", reason: {j.reason}" if j.reason and j.reason != "None" else ""
-        return f"Slurm job {node_id} is {j.state}{where}{why}"
+        return describe(node_id, self._record(node_id))
 
     # --- listing -----------------------------------------------------------------------
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
@@ -139,7 +132,7 @@ class SlurmNodeProvider(NodeProvider):
                     submit_tag=SUBMIT_TAG, tags=self._tags)
         nodes, strays = snap.nodes, snap.strays
         with self._lock:
-            self._merge_created(listing, nodes)
+            keep_created(nodes, self._nodes, self._born, self._gone, listing)
             listed = {j.job_id for j in jobs}
             self._gone = {i: t for i, t in self._gone.items() if i in listed}
             before, self._nodes = self._nodes, nodes
@@ -148,15 +141,6 @@ class SlurmNodeProvider(NodeProvider):
                    ] if tag_filters else list(nodes)
         self._after_listing(before, nodes, strays)
         return ids
-
-    def _merge_created(self, listing: int, nodes: dict[str, NodeRecord]) -> None:
-        """Keep the nodes created while this listing was in flight (it cannot know them);
-        forget the creation of those a later-started listing has settled either way."""
-        for job_id, born in list(self._born.items()):
-            if job_id in nodes or born < listing:
-                del self._born[job_id]  # listed, or gone although the listing knew of it
-            elif job_id in self._nodes and job_id not in self._gone:
-                nodes[job_id] = self._nodes[job_id]
 
     def _after_listing(self, before: dict[str, NodeRecord], nodes: dict[str, NodeRecord],
                        strays: list[str]) -> None:

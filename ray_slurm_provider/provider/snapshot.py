@@ -93,3 +93,25 @@ def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRec
     return [(job_id, rec) for job_id, rec in before.items()
             if job_id not in now and job_id not in gone and rec.job.running
             and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER]
+
+
+def keep_created(nodes: dict[str, NodeRecord], current: Mapping[str, NodeRecord],
+                 born: dict[str, int], gone: Container[str], listing: int) -> None:
+    """Add to listing number `listing`'s `nodes` the ones created while it was in flight (it
+    cannot know them; `born[id]` = how many listings had started at creation), and forget the
+    creations a listing started later has settled either way (listed, or gone)."""
+    for job_id, when in list(born.items()):
+        if job_id in nodes or when < listing:
+            del born[job_id]
+        elif job_id in current and job_id not in gone:
+            nodes[job_id] = current[job_id]
+
+
+def describe(node_id: str, rec: NodeRecord | None) -> str:
+    """One line on where a node's job stands, in Slurm's words."""
+    if rec is None:
+        return f"Slurm job {node_id} is gone"
+    j = rec.job
+    where = f" on {j.batch_host}" if j.batch_host else ""
+    why = f", reason: {j.reason}" if j.reason and j.reason != "None" else ""
+    return f"Slurm job {node_id} is {j.state}{where}{why}"

@@ -51,7 +51,7 @@ ROOMS: dict[str, Room] = {
     "ground": Room("the shared ground (and the package's __init__)", frozenset()),
     "slurm": Room("the Slurm seam, slurm/", frozenset({"ground"})),
     "runtimes": Room("the container runtimes, runtimes/", frozenset({"ground"})),
-    "jobs": Room("jobs.py and walltime.py", frozenset({"ground", "slurm", "runtimes"})),
+    "jobs": Room("jobs.py", frozenset({"ground", "slurm", "runtimes"})),
     "provider": Room("the head's autoscaler side, provider/", BELOW_WINGS),
     "agent": Room("the node agent in every job, agent/", BELOW_WINGS),
     "cli": Room("the `ray-slurm` command, cli/ (registers `ray-slurm sandbox`)",
@@ -66,7 +66,7 @@ GROUND = ("proc", "units", "schema", "ports", "auth", "state", "shellcmd", "node
           "config", "cluster")
 TOP_ROOM: dict[str, str] = {
     **{name: "ground" for name in GROUND},
-    "slurm": "slurm", "runtimes": "runtimes", "jobs": "jobs", "walltime": "jobs",
+    "slurm": "slurm", "runtimes": "runtimes", "jobs": "jobs",
     "provider": "provider", "agent": "agent", "cli": "cli", "gang": "gang",
     "sandbox": "sandbox", "node": "node",
 }
@@ -275,7 +275,8 @@ def test_the_layer_rule_catches_what_it_should() -> None:
 
     assert not any(bad(a, b) for a, b in [
         ("slurm.cli", "proc"), ("slurm.rest.job", "slurm.script"), ("jobs", "slurm.script"),
-        ("walltime", "jobs"), ("provider.submit", "jobs"), ("agent.agent", "runtimes.base"),
+        ("provider.walltime", "jobs"), ("provider.submit", "jobs"),
+        ("agent.agent", "runtimes.base"),
         ("cli.main", "sandbox.cli"), ("cli.status", "provider.checks"), ("gang.gang", "config"),
         ("sandbox.core", "proc"), ("node", "agent.agent"), ("config", "schema")])
     assert all(bad(a, b) for a, b in [

@@ -13,11 +13,11 @@ from ray_slurm_provider.agent.headwatch import HeadWatch
 from ray_slurm_provider.cluster import NodeType
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.jobs import build_job
+from ray_slurm_provider.provider.walltime import HeadWalltime, warn_below_s
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import write_json
 from ray_slurm_provider.units import fmt_duration
-from ray_slurm_provider.walltime import HeadWalltime, warn_below_s
 from tests.fakes import FakeClock, FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
 from tests.unit.test_submit import make
@@ -51,7 +51,7 @@ def test_head_time_left_logged_and_warned(tmp_path: Path, caplog: pytest.LogCapt
     clock = FakeClock()
     path = tmp_path / "walltime.json"
     w = HeadWalltime(path, clock)
-    caplog.set_level(logging.INFO, "ray_slurm_provider.walltime")
+    caplog.set_level(logging.INFO, "ray_slurm_provider.provider.walltime")
     assert not w.observe(head_job(3600))
     assert "Head job 7: 01:00:00 left of its time limit 02:00:00" in caplog.text
     assert json.loads(path.read_text())["time_left_s"] == 3600
@@ -79,7 +79,7 @@ def test_head_time_left_logged_and_warned(tmp_path: Path, caplog: pytest.LogCapt
 
 
 def test_unlimited_and_pending_heads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "ray_slurm_provider.walltime")
+    caplog.set_level(logging.INFO, "ray_slurm_provider.provider.walltime")
     w = HeadWalltime(None, FakeClock())
     assert not w.observe(replace(head_job(None, None), state="PENDING"))
     assert caplog.text == ""
