@@ -60,7 +60,7 @@ from ray_slurm_provider.provider.submit import (
     SUBMIT_TAG,
     LaunchGuard,
     Strays,
-    last_agent_line,
+    last_log_line,
     submit_nodes,
 )
 from ray_slurm_provider.provider.walltime import HeadWalltime
@@ -163,8 +163,9 @@ class SlurmNodeProvider(NodeProvider):
             elif job_id not in self._ray_seen:  # died before its Ray came up
                 log = self.cluster_dir.log(job_id)
                 self.guard.failed(rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
-                                  f"Slurm job {job_id} ended before Ray started on it; "
-                                  f"{last_agent_line(log) or 'see'} ({log})", "crashed")
+                                  f"Slurm job {job_id} (last seen {rec.job.state}) ended before "
+                                  f"Ray started on it; {last_log_line(log) or 'see'} ({log})",
+                                  "crashed")
         self._ray_seen &= nodes.keys()
         for rec in nodes.values():
             if rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:

@@ -89,9 +89,10 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container
 
 def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRecord],
                      gone: Container[str]) -> list[tuple[str, NodeRecord]]:
-    """Workers seen running last tick that left the queue without us cancelling them."""
+    """Workers listed last tick (pending or running: a job whose prologue fails goes from
+    PENDING to gone between two ticks) that left the queue without us cancelling them."""
     return [(job_id, rec) for job_id, rec in before.items()
-            if job_id not in now and job_id not in gone and rec.job.running
+            if job_id not in now and job_id not in gone and rec.job.active
             and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER]
 
 

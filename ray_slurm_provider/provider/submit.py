@@ -193,8 +193,9 @@ def launch_error(head: bool, category: str, description: str) -> Exception:
     return NodeLaunchException(category, description, None)
 
 
-def last_agent_line(log: Path, max_bytes: int = 8192) -> str:
-    """The node agent's last log line (`[ray-slurm HH:MM:SS] ...`) from a job's output."""
+def last_log_line(log: Path, max_bytes: int = 8192) -> str:
+    """What a job's output says last: the node agent's last line (`[ray-slurm HH:MM:SS] ...`),
+    else the last line at all (a prologue or module load that failed before the agent ran)."""
     try:
         with log.open("rb") as f:
             f.seek(0, 2)
@@ -202,8 +203,9 @@ def last_agent_line(log: Path, max_bytes: int = 8192) -> str:
             tail = f.read().decode(errors="replace")
     except OSError:
         return ""
-    lines = [ln.strip() for ln in tail.splitlines() if ln.startswith("[ray-slurm ")]
-    return lines[-1] if lines else ""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    agent = [ln for ln in lines if ln.startswith("[ray-slurm ")]
+    return (agent or lines or [""])[-1]
 
 
 def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, script: str,

@@ -177,7 +177,7 @@ def test_take_reuses_an_unchanged_record_with_the_fresh_job() -> None:
     assert snap.nodes["1"] is old and old.tags == {"kept": "yes"} and old.job is fresh
 
 
-def test_vanished_workers_are_running_workers_that_left_unless_cancelled_by_us() -> None:
+def test_vanished_workers_are_listed_workers_that_left_unless_cancelled_by_us() -> None:
     from ray_slurm_provider.provider.snapshot import NodeRecord, vanished_workers
 
     before = {"1": NodeRecord(_job("1"), {KIND: "worker"}),
@@ -186,4 +186,5 @@ def test_vanished_workers_are_running_workers_that_left_unless_cancelled_by_us()
               "4": NodeRecord(_job("4"), {KIND: "worker"}),
               "5": NodeRecord(_job("5"), {KIND: "worker"})}
     now = {"5": before["5"]}
-    assert [j for j, _ in vanished_workers(before, now, gone={"4"})] == ["1"]
+    before["6"] = NodeRecord(_job("6", "COMPLETING"), {KIND: "worker"})  # already ending
+    assert [j for j, _ in vanished_workers(before, now, gone={"4"})] == ["1", "2"]

@@ -22,7 +22,7 @@ from ray_slurm_provider.provider.submit import (
     HeldBack,
     LaunchGuard,
     Strays,
-    last_agent_line,
+    last_log_line,
 )
 from ray_slurm_provider.slurm.client import TransientSlurmError, classify
 from ray_slurm_provider.state import write_json
@@ -188,11 +188,13 @@ def test_worker_dying_before_ray_starts_holds_its_type_back(tmp_path: Path) -> N
     assert "cpu_worker" not in errors(p)
 
 
-def test_last_agent_line(tmp_path: Path) -> None:
+def test_last_log_line(tmp_path: Path) -> None:
     log = tmp_path / "1.out"
-    assert last_agent_line(log) == ""
+    assert last_log_line(log) == ""
     log.write_text("x" * 20000 + "\n[ray-slurm 1] a\nnoise\n[ray-slurm 2] b\ntrailing\n")
-    assert last_agent_line(log) == "[ray-slurm 2] b"
+    assert last_log_line(log) == "[ray-slurm 2] b"
+    log.write_text("line 3: module: command not found\n\n")  # died before the agent ran
+    assert last_log_line(log) == "line 3: module: command not found"
 
 
 def test_strays_expire(tmp_path: Path) -> None:
@@ -219,3 +221,34 @@ def test_status_command_shows_the_launch_error(tmp_path: Path) -> None:
     text = "\n".join(status.status_lines(data))
     assert "cpu_worker: launch failing (rejected, 1 in a row; held back until" in text
     assert "Invalid partition name specified" in text
+
+
+def test_workers_that_die_between_two_listings_hold_their_type_back(tmp_path: Path) -> None:
+    """Issue 14.1: a job whose prologue fails in under a second goes PENDING -> gone between
+    two ticks, never seen RUNNING; five such crashes used to leave the sixth launch free."""
+    p, f, _ = make(tmp_path)
+    for _ in range(2):
+        (job,) = p.create_node({}, WORKER_TAGS, 1)
+        p.non_terminated_nodes({})  # seen PENDING
+        log = p.cluster_dir.log(job)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("/var/spool/slurm/job01/slurm_script: line 9: module: command not found\n")
+        f.start(job)
+        f.finish(job, "FAILED")  # started and failed between two listings
+        p.non_terminated_nodes({})
+    entry = errors(p)["cpu_worker"]
+    assert entry["failures"] == 2 and entry["kind"] == "crashed"
+    assert "module: command not found" in entry["message"] and "PENDING" in entry["message"]
+    with pytest.raises(NodeLaunchException, match="held back"):
+        p.create_node({}, WORKER_TAGS, 1)
+
+
+def test_a_pending_worker_we_cancelled_is_no_crash(tmp_path: Path) -> None:
+    p, _, _ = make(tmp_path)
+    for _ in range(3):
+        (job,) = p.create_node({}, WORKER_TAGS, 1)
+        p.non_terminated_nodes({})
+        p.terminate_node(job)
+        p.non_terminated_nodes({})
+    assert "cpu_worker" not in (errors(p) if (p.cluster_dir.root / "errors.json").exists()
+                                else {})
