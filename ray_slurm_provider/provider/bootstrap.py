@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,12 @@ from ray_slurm_provider.cluster import (
     parse_cluster,
 )
 from ray_slurm_provider.config import ConfigError, parse_provider
-from ray_slurm_provider.provider.checks import check_live, check_partitions, check_static
+from ray_slurm_provider.provider.checks import (
+    check_live,
+    check_partitions,
+    check_static,
+    v1_colocation_warning,
+)
 from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
 from ray_slurm_provider.units import MIB, mem_bytes
 
@@ -77,6 +83,10 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         cluster = validate(config)
     except ConfigError as e:
         raise click.ClickException(f"Invalid cluster config: {e}") from e
+    warning = v1_colocation_warning(cluster, os.environ)
+    if warning:
+        logger.warning(warning)
+        click.echo(f"Warning: {warning}", err=True)
     provider = config["provider"]
     provider["disable_node_updaters"] = True
     provider.setdefault("python", sys.executable)

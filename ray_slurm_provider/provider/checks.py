@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ray_slurm_provider.cluster import ClusterConfig
 from ray_slurm_provider.config import ConfigError, NodeConfig
@@ -164,3 +164,18 @@ def check_live(cluster: ClusterConfig, info: ClusterInfo,
                               f"{part.memory_mb_per_node}M per node of partition "
                               f"{part.name!r}; valid: 0 (all) up to {part.memory_mb_per_node}M")
     return warnings
+
+
+def v1_colocation_warning(cluster: ClusterConfig, env: Mapping[str, str]) -> str | None:
+    """Autoscaler v1 (`RAY_UP_enable_autoscaler_v2=0`) keys load and idleness by node IP, so
+    two Ray nodes on one host merge and a busy one can be terminated as idle. Slurm places
+    jobs side by side unless they take whole nodes."""
+    if env.get("RAY_UP_enable_autoscaler_v2") != "0":
+        return None  # v2 matches each raylet to its job id
+    shared = [t for t, nt in cluster.node_types.items() if not nt.node_config.exclusive]
+    if not shared:
+        return None
+    keys = ", ".join(f"available_node_types.{t}.node_config.exclusive" for t in shared)
+    return ("autoscaler v1 tells Ray nodes apart by IP, and Slurm may place two of this "
+            "cluster's jobs on one node: they then count as one, and a busy node can be "
+            f"terminated as idle. Set {keys} to true, or use autoscaler v2 (the default)")

@@ -150,3 +150,21 @@ def test_a_misspelt_key_gets_the_nearest_valid_one() -> None:
     with pytest.raises(ConfigError, match=r"node_config\.partiton: unknown key; did you mean "
                                           r"'partition'\?"):
         validate(c)
+
+
+def test_v1_warns_when_two_ray_nodes_can_share_a_host(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14.13: v1 keys load by IP, so a worker beside the head (or another worker) on one
+    host merges with it, and a busy node can be terminated as idle."""
+    from ray_slurm_provider.cluster import parse_cluster
+    from ray_slurm_provider.provider.checks import v1_colocation_warning
+
+    monkeypatch.setenv("RAY_UP_enable_autoscaler_v2", "0")
+    SlurmNodeProvider.bootstrap_config(cfg())
+    err = capsys.readouterr().err
+    assert "autoscaler v1" in err and "available_node_types.w.node_config.exclusive" in err
+    exclusive = cfg({"exclusive": True})
+    exclusive["available_node_types"]["head"]["node_config"]["exclusive"] = True
+    assert v1_colocation_warning(parse_cluster(exclusive), {"RAY_UP_enable_autoscaler_v2": "0"}
+                                 ) is None
+    assert v1_colocation_warning(parse_cluster(cfg()), {}) is None  # v2: matched by job id
