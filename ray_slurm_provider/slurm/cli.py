@@ -16,7 +16,9 @@ from dataclasses import replace
 from ray_slurm_provider import proc
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.client import (
-    ACTIVE_STATES,
+    KEEP_VARS,
+    LIST_STATES,
+    SCRUB_PREFIXES,
     ClusterInfo,
     Job,
     Node,
@@ -27,19 +29,6 @@ from ray_slurm_provider.slurm.client import (
     is_job_gone,
 )
 from ray_slurm_provider.units import parse_duration
-
-#: Variables that change what Slurm commands do, or that sbatch would copy into the jobs we
-#: submit (the provider itself often runs inside a Slurm job). SLURM_CONF is kept: it says
-#: which cluster to talk to. SRUN_/SALLOC_ are input variables of the job's own srun calls.
-#: RAY_* and Ray's metrics ports: the head's autoscaler submits worker jobs, and its own Ray
-#: settings (RAY_OVERRIDE_RESOURCES of the head, ...) must not become the workers'.
-SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SCONTROL_", "SRUN_", "SALLOC_",
-                  "RAY_", "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
-KEEP_VARS = ("SLURM_CONF",)
-
-#: squeue --states: every active state plus COMPLETING, which is listed so callers can see a
-#: node that is going away (Job.active is False for it).
-LIST_STATES = ",".join(sorted(ACTIVE_STATES | {"COMPLETING"}))
 
 _JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")  # 123, array task 123_4, het component 123+1
 

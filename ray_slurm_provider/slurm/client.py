@@ -1,4 +1,5 @@
-"""The Slurm seam: one interface, typed records and typed errors.
+"""The Slurm seam: one interface, typed records and typed errors, and the rules every back end
+shares (which states are listed, which variables never reach Slurm or a job).
 
 Back ends (CLI, REST, pyslurm) implement `SlurmClient`. Everything above this layer speaks
 only these types, so a fake in the tests can stand in for any of them.
@@ -16,6 +17,19 @@ from typing import Protocol, runtime_checkable
 ACTIVE_STATES = frozenset(
     {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
 )
+
+#: What `list_jobs` lists: every active state plus COMPLETING, so callers can see a node that
+#: is going away (Job.active is False for it). squeue --states syntax.
+LIST_STATES = ",".join(sorted(ACTIVE_STATES | {"COMPLETING"}))
+
+#: Variables that change what Slurm commands do, or that would be copied into the jobs we
+#: submit (the provider itself often runs inside a Slurm job). SLURM_CONF is kept: it says
+#: which cluster to talk to. SRUN_/SALLOC_ are input variables of the job's own srun calls.
+#: RAY_* and Ray's metrics ports: the head's autoscaler submits worker jobs, and its own Ray
+#: settings (RAY_OVERRIDE_RESOURCES of the head, ...) must not become the workers'.
+SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SCONTROL_", "SRUN_", "SALLOC_",
+                  "RAY_", "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+KEEP_VARS = ("SLURM_CONF",)
 
 
 class SlurmError(Exception):

@@ -28,8 +28,8 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from ray_slurm_provider.slurm.cli import LIST_STATES
 from ray_slurm_provider.slurm.client import (
+    LIST_STATES,
     ClusterInfo,
     Job,
     Node,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.slurm import cli
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import (
     ACTIVE_STATES,
+    LIST_STATES,
     PermanentSlurmError,
     SlurmClient,
     TransientSlurmError,
@@ -370,4 +370,4 @@ def test_binaries_override(fake: FakeRun) -> None:
 
 
 def test_list_states_cover_active_and_completing() -> None:
-    assert set(cli.LIST_STATES.split(",")) == ACTIVE_STATES | {"COMPLETING"}
+    assert set(LIST_STATES.split(",")) == ACTIVE_STATES | {"COMPLETING"}

@@ -29,8 +29,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ray_slurm_provider.slurm.cli import KEEP_VARS, LIST_STATES, SCRUB_PREFIXES
 from ray_slurm_provider.slurm.client import (
+    KEEP_VARS,
+    LIST_STATES,
+    SCRUB_PREFIXES,
     ClusterInfo,
     Job,
     Node,
