@@ -2,7 +2,8 @@
 shares (which states are listed, which variables never reach Slurm or a job).
 
 Back ends (CLI, REST, pyslurm) implement `SlurmClient`. Everything above this layer speaks
-only these types, so a fake in the tests can stand in for any of them.
+only these types (a job goes in as a `JobSpec`, never as script text), so a fake in the tests
+can stand in for any of them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from ray_slurm_provider.slurm.spec import JobSpec
 
 #: Job states in which a Ray node still exists or will exist. COMPLETING and every final
 #: state count as terminated: a job in CG is already tearing its node down.
@@ -128,8 +131,9 @@ class ClusterInfo:
 class SlurmClient(Protocol):
     """What the provider asks of Slurm. Every method is one scheduler round trip."""
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
-        """Submit a rendered batch script; return the job id."""
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
+        """Submit one batch job named `spec.job_name`; return its id. An invalid `spec`
+        raises ScriptError before Slurm is asked."""
         ...
 
     def list_jobs(self, job_name: str) -> list[Job]:
@@ -153,9 +157,8 @@ class SlurmClient(Protocol):
 class ArraySubmitter(Protocol):
     """A back end that submits N identical jobs as ONE Slurm job array (one RPC)."""
 
-    def submit_array(self, script: str, count: int, *, comment: str = "",
-                     job_name: str = "") -> list[str]:
-        """Submit `script` as array tasks 0..count-1; return their ids `<array id>_<task>`."""
+    def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
+        """Submit `spec` as array tasks 0..count-1; return their ids `<array id>_<task>`."""
         ...
 
 
