@@ -2,16 +2,16 @@
 
 The messages FakeSlurm raises are the ones real Slurm 22.05 printed in the sandbox (see
 tests/fixtures/slurm-22.05/), so code that matches on Slurm's words is tested against them.
+FakeSlurm keeps the JobSpec each job was submitted with (`submitted`, `FakeJob.spec`); a test
+about the script text renders it with `script.render`, as the CLI back end does.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
 import threading
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from ray_slurm_provider.slurm.client import (
@@ -24,6 +24,7 @@ from ray_slurm_provider.slurm.client import (
     classify,
 )
 from ray_slurm_provider.slurm.parse import parse_gres_gpus
+from ray_slurm_provider.slurm.script import JobSpec, validate
 from ray_slurm_provider.units import parse_duration
 
 #: Real Slurm 22.05 messages (tests/fixtures/slurm-22.05/*.txt).
@@ -73,10 +74,9 @@ def _default_nodes() -> tuple[Node, ...]:
 @dataclass
 class FakeJob:
     job: Job
-    script: str
+    spec: JobSpec
     submitted_at: float
     started_at: float | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class FakeSlurm:
@@ -94,7 +94,7 @@ class FakeSlurm:
         self.version = version
         self.jobs: dict[str, FakeJob] = {}
         self.calls: Counter[str] = Counter()
-        self.submitted_scripts: list[str] = []
+        self.submitted: list[JobSpec] = []  # every spec taken, in order (an array once)
         self.cancelled: list[list[str]] = []
         self._next_id = first_id
         self._failures: defaultdict[str, deque[BaseException]] = defaultdict(deque)
@@ -140,41 +140,40 @@ class FakeSlurm:
 
     # --- SlurmClient --------------------------------------------------------------------------
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
         with self._lock:
             self._enter("submit")
-            return self._queue(script, comment, job_name, None)[0]
+            return self._queue(spec, comment, None)[0]
 
-    def submit_array(self, script: str, count: int, *, comment: str = "",
-                     job_name: str = "") -> list[str]:
+    def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
         """`sbatch --array=0-<count-1>`: tasks `<array id>_<i>`, which share the array's
         numeric id until `start()` gives each its own (as Slurm splits a task off)."""
         if count < 1:
             raise ValueError(f"an array needs at least one task, got {count}")
         with self._lock:
             self._enter("submit_array")
-            return self._queue(script, comment, job_name, count)
+            return self._queue(spec, comment, count)
 
-    def _queue(self, script: str, comment: str, job_name: str, tasks: int | None) -> list[str]:
-        opts = _sbatch_directives(script)
-        partition = opts.get("partition") or self._default_partition()
+    def _queue(self, spec: JobSpec, comment: str, tasks: int | None) -> list[str]:
+        validate(spec)  # every real back end renders (CLI) or validates it first
+        partition = spec.partition or self._default_partition()
         if partition not in self.partitions:
             # sbatch prints both lines; the CLI client keeps both.
             raise classify(f"sbatch: error: invalid partition specified: {partition}\n"
                            f"{BAD_PARTITION}", "sbatch")
-        limit = opts.get("time")
+        limit = spec.time
         numeric = str(self._next_id)
         self._next_id += 1
         now = self.clock.now()
         ids = [numeric] if tasks is None else [f"{numeric}_{i}" for i in range(tasks)]
         for job_id in ids:
-            job = Job(job_id=job_id, name=job_name or opts.get("job-name", "sbatch"),
+            job = Job(job_id=job_id, name=spec.job_name,
                       state="PENDING", reason="", partition=partition, comment=comment,
                       time_limit_s=parse_duration(limit) if limit else
                       self._part_limit(partition), submit_time=_iso(now),
                       slurm_job_id=numeric)
-            self.jobs[job_id] = FakeJob(job, script, now, extra=opts)
-        self.submitted_scripts.append(script)
+            self.jobs[job_id] = FakeJob(job, spec, now)
+        self.submitted.append(spec)
         return ids
 
     def list_jobs(self, job_name: str) -> list[Job]:
@@ -256,35 +255,6 @@ def _opt_int(value: object) -> int | None:
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-_SHORT = {"p": "partition", "t": "time", "J": "job-name", "N": "nodes", "c": "cpus-per-task",
-          "w": "nodelist", "A": "account", "q": "qos"}
-
-
-def _sbatch_directives(script: str) -> dict[str, str]:
-    """`#SBATCH` options of a script as {long-name: value} (flags map to "")."""
-    opts: dict[str, str] = {}
-    for line in script.splitlines():
-        m = re.match(r"\s*#SBATCH\s+(.*)", line)
-        if not m:
-            continue
-        words = shlex.split(m.group(1), comments=True)
-        i = 0
-        while i < len(words):
-            w = words[i]
-            if w.startswith("--"):
-                key, eq, val = w[2:].partition("=")
-                if not eq and i + 1 < len(words) and not words[i + 1].startswith("-"):
-                    val, i = words[i + 1], i + 1
-                opts[key] = val
-            elif w.startswith("-") and len(w) >= 2:
-                key, val = _SHORT.get(w[1], w[1]), w[2:]
-                if not val and i + 1 < len(words) and not words[i + 1].startswith("-"):
-                    val, i = words[i + 1], i + 1
-                opts[key] = val
-            i += 1
-    return opts
 
 
 __all__ = ["BAD_PARTITION", "OUTAGE_MESSAGES", "FakeClock", "FakeSlurm", "SlurmError"]

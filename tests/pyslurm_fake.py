@@ -10,10 +10,28 @@ tests/fixtures/slurmrestd-22.05/), so results can be compared with the other bac
 
 from __future__ import annotations
 
-import re
 import types
 from dataclasses import dataclass, field
 from typing import Any
+
+#: JobSubmitDescription's public attributes (pyslurm/core/job/submission.pxd, 25.x).
+ATTRIBUTES = frozenset("""
+    name account user_id group_id priority site_factor wckey array batch_constraints
+    begin_time clusters cluster_constraints comment admin_comment requires_contiguous_nodes
+    cores_reserved_for_system threads_reserved_for_system working_directory cpu_frequency
+    nodes deadline delay_boot_time dependencies excluded_nodes required_nodes constraints
+    kill_on_node_fail licenses mail_user mail_types mcs_label memory_per_cpu memory_per_node
+    memory_per_gpu network nice log_files_open_mode overcommit partitions profile_types
+    accounting_gather_frequency qos requires_node_reboot is_requeueable reservations script
+    script_args environment resource_sharing distribution time_limit time_limit_min container
+    container_id cpus_per_task cpus_per_gpu sockets_per_node cores_per_socket threads_per_core
+    gpus gpus_per_socket gpus_per_task gres_per_node gpu_binding ntasks ntasks_per_node
+    ntasks_per_socket ntasks_per_core ntasks_per_gpu switches signal standard_in
+    standard_output standard_error kill_on_invalid_dependency spreads_over_nodes
+    use_min_nodes gres_binding gres_tasks_per_sharing temporary_disk_per_node
+    get_user_environment min_cpus_per_node wait_all_nodes selinux_context segment_size
+    reserved_ports extra
+""".split())
 
 
 class RPCError(Exception):
@@ -80,25 +98,24 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
             raise RPCError(err)
 
     class JobSubmitDescription:
-        def __init__(self, **kw: Any) -> None:
-            self.script: str = kw.pop("script")
-            self.kw = kw
-            self.opts: dict[str, str] = {}
+        """Takes attributes as keywords (pyslurm refuses unknown ones); submit() records them
+        in state["submitted"]. pyslurm's load_sbatch_options is left out: the back end sets
+        every attribute itself."""
 
-        def load_sbatch_options(self, overwrite: bool = False) -> None:
-            for m in re.finditer(r"^#SBATCH\s+(.*)$", self.script, re.MULTILINE):
-                for word in m.group(1).split():
-                    key, _, value = word.lstrip("-").partition("=")
-                    self.opts[key] = value
+        def __init__(self, **kw: Any) -> None:
+            unknown = set(kw) - ATTRIBUTES
+            if unknown:  # a cdef class: setattr of an unknown name raises
+                raise AttributeError(f"'JobSubmitDescription' has no attributes {unknown}")
+            self.kw = kw
 
         def submit(self) -> int:
             maybe_fail("submit")
-            part = self.opts.get("partition") or self.opts.get("p") or "cpu"
+            part = self.kw.get("partitions") or "cpu"
             if part not in {p.name for p in state["parts"]}:
                 raise RPCError("Invalid partition name specified")
             job_id = state["next"]
             state["next"] += 1
-            state["submitted"].append((self.script, dict(self.kw), dict(self.opts)))
+            state["submitted"].append(dict(self.kw))
             state["jobs"][job_id] = FakeJob(job_id, self.kw.get("name", "sbatch"),
                                             comment=self.kw.get("comment"), partition=part)
             return job_id

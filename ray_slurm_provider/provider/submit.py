@@ -34,7 +34,7 @@ from ray_slurm_provider.slurm.client import (
     SlurmError,
     TransientSlurmError,
 )
-from ray_slurm_provider.slurm.script import JobSpec, render
+from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import read_json, write_json
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def last_log_line(log: Path, max_bytes: int = 8192) -> str:
     return (agent or lines or [""])[-1]
 
 
-def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, script: str,
+def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
                    tags: dict[str, str], node_type: str, head: bool,
                    count: int = 1) -> list[str]:
     """One sbatch (a job array of `count` tasks when count > 1: the caller checks that the
@@ -220,9 +220,9 @@ def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, scrip
         guard.check(node_type)
         comment = encode_tags({**tags, SUBMIT_TAG: nonce})
         if count > 1 and isinstance(slurm, ArraySubmitter):
-            job_ids = slurm.submit_array(script, count, comment=comment)
+            job_ids = slurm.submit_array(spec, count, comment=comment)
         else:
-            job_ids = [slurm.submit(script, comment=comment)]
+            job_ids = [slurm.submit(spec, comment=comment)]
     except HeldBack as e:
         raise launch_error(head, e.category, str(e)) from None
     except SlurmError as e:
@@ -244,8 +244,7 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
     node is always a plain job."""
     if count > 1 and isinstance(slurm, ArraySubmitter):
         output = spec.output.replace("%j", "%A_%a") if spec.output else None
-        return guarded_submit(slurm, guard, strays, render(replace(spec, output=output)), tags,
+        return guarded_submit(slurm, guard, strays, replace(spec, output=output), tags,
                               node_type, head, count)
-    script = render(spec)
     return [job_id for _ in range(count)
-            for job_id in guarded_submit(slurm, guard, strays, script, tags, node_type, head)]
+            for job_id in guarded_submit(slurm, guard, strays, spec, tags, node_type, head)]

@@ -16,7 +16,9 @@ from dataclasses import replace
 from ray_slurm_provider import proc
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.client import (
-    ACTIVE_STATES,
+    KEEP_VARS,
+    LIST_STATES,
+    SCRUB_PREFIXES,
     ClusterInfo,
     Job,
     Node,
@@ -26,20 +28,8 @@ from ray_slurm_provider.slurm.client import (
     classify,
     is_job_gone,
 )
+from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.units import parse_duration
-
-#: Variables that change what Slurm commands do, or that sbatch would copy into the jobs we
-#: submit (the provider itself often runs inside a Slurm job). SLURM_CONF is kept: it says
-#: which cluster to talk to. SRUN_/SALLOC_ are input variables of the job's own srun calls.
-#: RAY_* and Ray's metrics ports: the head's autoscaler submits worker jobs, and its own Ray
-#: settings (RAY_OVERRIDE_RESOURCES of the head, ...) must not become the workers'.
-SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SCONTROL_", "SRUN_", "SALLOC_",
-                  "RAY_", "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
-KEEP_VARS = ("SLURM_CONF",)
-
-#: squeue --states: every active state plus COMPLETING, which is listed so callers can see a
-#: node that is going away (Job.active is False for it).
-LIST_STATES = ",".join(sorted(ACTIVE_STATES | {"COMPLETING"}))
 
 _JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")  # 123, array task 123_4, het component 123+1
 
@@ -95,16 +85,15 @@ class CliSlurmClient:
 
     # --- SlurmClient ----------------------------------------------------------------------
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
-        """Run `sbatch --parsable` with the script on stdin; return the job id.
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
+        """Run `sbatch --parsable` with the rendered script on stdin; return the job id.
 
         A timeout raises TransientSlurmError although the job may have been queued; callers
         find such jobs again by name with `list_jobs`.
         """
-        return self._sbatch(script, [], comment, job_name)
+        return self._sbatch(render(spec), [], comment)
 
-    def submit_array(self, script: str, count: int, *, comment: str = "",
-                     job_name: str = "") -> list[str]:
+    def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
         """ONE `sbatch --array=0-<count-1>`: `count` jobs in one controller RPC.
 
         Returns the task ids `<array id>_<task>`, the ids squeue (%i), scancel and the job's
@@ -112,15 +101,16 @@ class CliSlurmClient:
         """
         if count < 1:
             raise ValueError(f"an array needs at least one task, got {count}")
-        array_id = self._sbatch(script, [f"--array=0-{count - 1}"], comment, job_name)
+        array_id = self._sbatch(render(spec), [f"--array=0-{count - 1}"], comment)
         return [f"{array_id}_{i}" for i in range(count)]
 
-    def _sbatch(self, script: str, extra: list[str], comment: str, job_name: str) -> str:
-        if "\n" in comment or "\n" in job_name:
-            raise ValueError("job name and comment must be one line (squeue prints one per job)")
+    def _sbatch(self, script: str, extra: list[str], comment: str) -> str:
+        """The job name is the script's own `#SBATCH --job-name` (script.render writes it);
+        the comment goes on the command line, where it overrides any `--comment` the user's
+        extra directives set."""
+        if "\n" in comment:
+            raise ValueError("the job comment must be one line (squeue prints one per job)")
         args = ["--parsable", *extra]
-        if job_name:
-            args.append(f"--job-name={job_name}")
         if comment:
             args.append(f"--comment={comment}")
         out = self._run("sbatch", args, input=script)

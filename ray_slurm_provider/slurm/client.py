@@ -1,7 +1,9 @@
-"""The Slurm seam: one interface, typed records and typed errors.
+"""The Slurm seam: one interface, typed records and typed errors, and the rules every back end
+shares (which states are listed, which variables never reach Slurm or a job).
 
 Back ends (CLI, REST, pyslurm) implement `SlurmClient`. Everything above this layer speaks
-only these types, so a fake in the tests can stand in for any of them.
+only these types (a job goes in as a `JobSpec`, never as script text), so a fake in the tests
+can stand in for any of them.
 """
 
 from __future__ import annotations
@@ -11,11 +13,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from ray_slurm_provider.slurm.spec import JobSpec
+
 #: Job states in which a Ray node still exists or will exist. COMPLETING and every final
 #: state count as terminated: a job in CG is already tearing its node down.
 ACTIVE_STATES = frozenset(
     {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
 )
+
+#: What `list_jobs` lists: every active state plus COMPLETING, so callers can see a node that
+#: is going away (Job.active is False for it). squeue --states syntax.
+LIST_STATES = ",".join(sorted(ACTIVE_STATES | {"COMPLETING"}))
+
+#: Variables that change what Slurm commands do, or that would be copied into the jobs we
+#: submit (the provider itself often runs inside a Slurm job). SLURM_CONF is kept: it says
+#: which cluster to talk to. SRUN_/SALLOC_ are input variables of the job's own srun calls.
+#: RAY_* and Ray's metrics ports: the head's autoscaler submits worker jobs, and its own Ray
+#: settings (RAY_OVERRIDE_RESOURCES of the head, ...) must not become the workers'.
+SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SCONTROL_", "SRUN_", "SALLOC_",
+                  "RAY_", "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+KEEP_VARS = ("SLURM_CONF",)
 
 
 class SlurmError(Exception):
@@ -114,8 +131,9 @@ class ClusterInfo:
 class SlurmClient(Protocol):
     """What the provider asks of Slurm. Every method is one scheduler round trip."""
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
-        """Submit a rendered batch script; return the job id."""
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
+        """Submit one batch job named `spec.job_name`; return its id. An invalid `spec`
+        raises ScriptError before Slurm is asked."""
         ...
 
     def list_jobs(self, job_name: str) -> list[Job]:
@@ -139,9 +157,8 @@ class SlurmClient(Protocol):
 class ArraySubmitter(Protocol):
     """A back end that submits N identical jobs as ONE Slurm job array (one RPC)."""
 
-    def submit_array(self, script: str, count: int, *, comment: str = "",
-                     job_name: str = "") -> list[str]:
-        """Submit `script` as array tasks 0..count-1; return their ids `<array id>_<task>`."""
+    def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
+        """Submit `spec` as array tasks 0..count-1; return their ids `<array id>_<task>`."""
         ...
 
 

@@ -8,14 +8,20 @@ load it, or a release that does not match the nodes' slurmd, is a `PermanentSlur
 says so.
 
 The pyslurm API used (pyslurm >= 23.2 "core" API): `__version__`, `RPCError`,
-`JobSubmitDescription(script=, name=, comment=, environment="ALL").load_sbatch_options()`
-+ `.submit()`, `Jobs.load().values()` (Job: id, name, user_name, state, state_reason,
+`JobSubmitDescription(**attributes).submit()` (the attributes in `description`),
+`Jobs.load().values()` (Job: id, name, user_name, state, state_reason,
 allocated_nodes, batch_host, time_limit [min], run_time_remaining [s], submit_time,
 start_time [epoch], partition, comment), `Job(id).cancel()`, `Nodes.load().values()` (Node:
 name, address, state, total_cpus, real_memory, configured_gres {name: count}, partitions,
 version), `Partitions.load().values()` (Partition: name, nodes, max_time_limit,
 default_time [min or "UNLIMITED"], is_default, state). This was tested against a recorded
 fake of that surface only: no pyslurm builds against the sandbox's Slurm 22.05 here.
+
+A job is submitted from the JobSpec's fields, like the REST back end's: slurmctld reads no
+`#SBATCH` lines, and pyslurm's own `load_sbatch_options` reads them only from a script FILE
+(it refuses script text) and skips the options it does not know. The user's own options
+(`sbatch_options`, `extra_directives`) are set through `_OPTIONS`; one it lacks is an error
+naming it, never dropped.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from ray_slurm_provider.slurm.cli import LIST_STATES
 from ray_slurm_provider.slurm.client import (
+    LIST_STATES,
     ClusterInfo,
     Job,
     Node,
@@ -39,6 +45,8 @@ from ray_slurm_provider.slurm.client import (
     is_job_gone,
 )
 from ray_slurm_provider.slurm.rest import parse as rest_parse
+from ray_slurm_provider.slurm.script import render, user_options
+from ray_slurm_provider.slurm.spec import JobSpec
 
 INSTALL_HINT = (
     "pyslurm X.Y works only with Slurm X.Y: `pip install pyslurm==<your Slurm X.Y>.*` builds "
@@ -47,6 +55,17 @@ INSTALL_HINT = (
     "site's package), or use provider.slurm_api: cli or rest"
 )
 _STATES = frozenset(LIST_STATES.split(","))
+
+#: The user's sbatch options -> JobSubmitDescription attributes (each documented as "same as
+#: --<option> from sbatch", so they take sbatch's values); flags map to the value to set.
+#: The same options the REST back end translates (rest/fields.py).
+_OPTIONS: dict[str, str] = {
+    "comment": "comment", "wckey": "wckey", "mail-user": "mail_user", "mail-type": "mail_types",
+    "dependency": "dependencies", "chdir": "working_directory", "input": "standard_in",
+    "licenses": "licenses", "ntasks-per-node": "ntasks_per_node",
+    "mem-per-cpu": "memory_per_cpu", "gpus": "gpus",
+}
+_FLAGS: dict[str, tuple[str, Any]] = {"hold": ("priority", 0)}
 
 
 def major_minor(version: str) -> str:
@@ -105,15 +124,9 @@ class PyslurmSlurmClient:
 
     # --- SlurmClient ----------------------------------------------------------------------
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
-        lib = self.lib()
-        kw: dict[str, Any] = {"script": script, "environment": "ALL"}
-        if job_name:
-            kw["name"] = job_name
-        if comment:
-            kw["comment"] = comment
-        desc = lib.JobSubmitDescription(**kw)
-        self._call("reading #SBATCH options", desc.load_sbatch_options)
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
+        kw = description(spec, comment)
+        desc = self.lib().JobSubmitDescription(**kw)
         return str(self._call("submitting a job", desc.submit))
 
     def list_jobs(self, job_name: str) -> list[Job]:
@@ -189,6 +202,48 @@ class PyslurmSlurmClient:
                           [str(p) for p in (n.partitions or [])]))
         self._addrs = {node.name: node.addr for node, _ in nodes}
         return nodes
+
+
+def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
+    """The JobSubmitDescription attributes for `spec` (ScriptError if it is invalid)."""
+    gres = [g for g in (spec.gres, spec.gpus_per_node and f"gpu:{spec.gpus_per_node}") if g]
+    typed = {
+        "partitions": spec.partition, "account": spec.account, "qos": spec.qos,
+        "time_limit": spec.time, "nodes": spec.nodes, "ntasks": spec.ntasks,
+        "cpus_per_task": spec.cpus_per_task, "memory_per_node": spec.mem,
+        # pyslurm has no gpus_per_node: its docs say to ask for GPUs per node as GRES.
+        "gres_per_node": ",".join(gres) or None, "constraints": spec.constraint,
+        "resource_sharing": "no" if spec.exclusive else None,
+        "reservations": spec.reservation, "required_nodes": spec.nodelist,
+        "excluded_nodes": spec.exclude, "signal": spec.signal,
+        "standard_output": spec.output, "standard_error": spec.error,
+        "log_files_open_mode": spec.open_mode, "is_requeueable": spec.requeue,
+    }
+    # environment ALL: sbatch's default, the submitting process's environment.
+    kw: dict[str, Any] = {"script": render(spec), "environment": "ALL", "name": spec.job_name}
+    kw.update((k, v) for k, v in typed.items() if v is not None)
+    for key, value in user_options(spec):
+        if key in _FLAGS:
+            if value is not None:
+                raise _unsupported(f"--{key}={value}", "a flag takes no value")
+            attr, flag = _FLAGS[key]
+            kw[attr] = flag
+        elif key in _OPTIONS:
+            if value is None:
+                raise _unsupported(f"--{key}", "needs a value")
+            kw[_OPTIONS[key]] = value
+        else:
+            raise _unsupported(f"--{key}", "no translation")
+    if comment:
+        kw["comment"] = comment
+    return kw
+
+
+def _unsupported(option: str, why: str) -> PermanentSlurmError:
+    return PermanentSlurmError(
+        f"#SBATCH {option}: {why}; slurmctld does not read #SBATCH lines, so the pyslurm back "
+        "end sets each option itself and cannot set this one. Drop it from the node config or "
+        "use provider.slurm_api: cli", command="pyslurm")
 
 
 def _minutes(value: Any) -> int | None:

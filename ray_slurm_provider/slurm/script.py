@@ -24,46 +24,14 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
-__all__ = ["JobSpec", "ScriptError", "render", "validate"]
+from ray_slurm_provider.slurm.spec import JobSpec
+
+__all__ = ["JobSpec", "ScriptError", "render", "user_options", "validate"]
 
 
 class ScriptError(ValueError):
     """A `JobSpec` field holds a value that cannot be rendered safely."""
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What one Slurm batch job asks for and runs. Every string is validated by `validate`."""
-
-    job_name: str
-    command: Sequence[str]
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None
-    nodes: int = 1
-    ntasks: int = 1
-    cpus_per_task: int | None = None
-    mem: str | None = None
-    gres: str | None = None
-    gpus_per_node: str | None = None
-    constraint: str | None = None
-    exclusive: bool = False
-    reservation: str | None = None
-    nodelist: str | None = None
-    exclude: str | None = None
-    signal: str | None = None
-    output: str | None = None
-    error: str | None = None
-    open_mode: str | None = None
-    requeue: bool | None = None
-    sbatch_options: Mapping[str, str | None] = field(default_factory=dict)
-    extra_directives: Sequence[str] = ()
-    environment: Mapping[str, str] = field(default_factory=dict)
-    setup: Sequence[str] = ()
-    shebang: str = "#!/bin/bash"
 
 
 _NAME = "[A-Za-z0-9_.+-]+"
@@ -174,7 +142,7 @@ def _strings(name: str, value: object) -> list[object]:
     return list(value)
 
 
-def _extra(name: str, entry: object) -> str:
+def _extra(name: str, entry: object) -> tuple[str, str | None]:
     text = _text(name, entry)
     body = text
     if text.startswith("#SBATCH "):
@@ -185,11 +153,11 @@ def _extra(name: str, entry: object) -> str:
     _option_key(name, key[2:])
     if eq:
         _value(name, value, _SAFE, _SAFE_ALLOWED)
-    return body
+    return key[2:], value if eq else None
 
 
-def _directives(spec: JobSpec) -> list[str]:
-    """Validate the directive fields; return the `--key[=value]` arguments in order."""
+def _typed(spec: JobSpec) -> list[str]:
+    """Validate the typed directive fields; return their `--key[=value]` arguments in order."""
     out: list[str] = []
     for name, opt, pattern, allowed in _TYPED:
         value = getattr(spec, name)
@@ -209,16 +177,24 @@ def _directives(spec: JobSpec) -> list[str]:
                 out.append(f"--{opt}")
         else:
             out.append(f"--{opt}={_value(name, value, pattern, allowed)}")
+    return out
+
+
+def user_options(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """The user's own sbatch options, validated, as (long option, value or None for a flag):
+    `sbatch_options` sorted by name, then `extra_directives` in order, as they are rendered.
+    Each is ONE sbatch argument `--key[=value]` (see the module docstring), so this is how
+    sbatch reads it; back ends that cannot hand sbatch the script translate these pairs."""
     options = spec.sbatch_options
     if not isinstance(options, Mapping):
         raise _fail("sbatch_options", options, "a mapping of option name to value or None")
+    out: list[tuple[str, str | None]] = []
     for key in sorted(_option_key("sbatch_options", key) for key in options):
         value = options[key]
-        if value is None:
-            out.append(f"--{key}")
-        else:
+        if value is not None:
             allowed = f"None (a flag) or {_SAFE_ALLOWED}"
-            out.append(f"--{key}={_value(f'sbatch_options[{key!r}]', value, _SAFE, allowed)}")
+            value = _value(f"sbatch_options[{key!r}]", value, _SAFE, allowed)
+        out.append((key, value))
     for i, entry in enumerate(_strings("extra_directives", spec.extra_directives)):
         out.append(_extra(f"extra_directives[{i}]", entry))
     return out
@@ -241,7 +217,10 @@ def _body(spec: JobSpec) -> list[str]:
     shebang = _text("shebang", spec.shebang)
     if not _SHEBANG.fullmatch(shebang):
         raise _fail("shebang", shebang, "a bash interpreter line, e.g. '#!/bin/bash -l'")
-    lines = [shebang, *(f"#SBATCH {arg}" for arg in _directives(spec))]
+    args = _typed(spec)  # validated first: its errors come before the user options' ones
+    args += (f"--{key}" if value is None else f"--{key}={value}"
+             for key, value in user_options(spec))
+    lines = [shebang, *(f"#SBATCH {arg}" for arg in args)]
     # A command right after the directives ends sbatch's #SBATCH scan, so no later line (a
     # comment-only setup line, say) can become a directive. -e and pipefail make a failing
     # setup line (module load, source) end the job instead of starting the command in a broken

@@ -22,6 +22,7 @@ from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.sandbox import Sandbox
 from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.script import JobSpec
 
 pytestmark = pytest.mark.integration
 SANDBOX_YAML = Path(__file__).resolve().parents[2] / "cluster-configs" / "sandbox.yaml"
@@ -56,8 +57,9 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, cap.out + cap.err
 
 
-def submit(slurm: CliSlurmClient, name: str, kind: str, node_type: str, body: str) -> str:
-    job_id = slurm.submit(f"#!/bin/bash\n{body}", job_name=f"ray-{name}", comment=encode_tags(
+def submit(slurm: CliSlurmClient, name: str, kind: str, node_type: str, command: list[str],
+           **fields: Any) -> str:
+    job_id = slurm.submit(JobSpec(f"ray-{name}", command, **fields), comment=encode_tags(
         {"ray-node-type": kind, "ray-user-node-type": node_type}))
     slurm.submitted.append(job_id)  # type: ignore[attr-defined]
     return job_id
@@ -95,10 +97,10 @@ def test_status(tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm: CliSl
     path, name = write_config(tmp_path, api)
     code, out = run(capsys, "status", path)
     assert code == 0 and "the cluster is down" in out
-    head = submit(slurm, name, "head", "head",
-                  "#SBATCH --time=10 --mem=100 --output=/dev/null\nsleep 120\n")
-    worker = submit(slurm, name, "worker", "cpu_worker",
-                    "#SBATCH --hold --output=/dev/null\nsleep 120\n")
+    head = submit(slurm, name, "head", "head", ["sleep", "120"], time="10", mem="100",
+                  output="/dev/null")
+    worker = submit(slurm, name, "worker", "cpu_worker", ["sleep", "120"],
+                    output="/dev/null", sbatch_options={"hold": None})
     deadline = time.monotonic() + 60
     while True:
         code, out = run(capsys, "status", path, "--json")
@@ -120,8 +122,8 @@ def test_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     logs = tmp_path / "state" / name / "logs"
     logs.mkdir(parents=True)
     job = submit(slurm, name, "worker", "cpu_worker",
-                 f"#SBATCH --time=5 --mem=100 --output={logs}/%j.out\n"
-                 "for i in 1 2 3; do echo line-$i; sleep 1; done\n")
+                 ["bash", "-c", "for i in 1 2 3; do echo line-$i; sleep 1; done"],
+                 time="5", mem="100", output=f"{logs}/%j.out")
     t0 = time.monotonic()
     code, out = run(capsys, "logs", path, job, "--follow")
     assert code == 0 and "line-1\nline-2\nline-3" in out, out

@@ -10,18 +10,16 @@ import pytest
 from ray_slurm_provider import proc
 from ray_slurm_provider.sandbox import Sandbox
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from tests.integration.test_slurm_cli_sandbox import wait_for
+from tests.integration.test_slurm_cli_sandbox import sleep, wait_for
 
 pytestmark = pytest.mark.integration
-
-#: Small, so it fits beside whatever else runs on the sandbox.
-SCRIPT = "#!/bin/bash\n#SBATCH --time=10 --mem=100 --output=/dev/null\nsleep 300\n"
 
 
 def test_array_submit_list_srun_cancel_one_task(sandbox: Sandbox) -> None:
     client = CliSlurmClient(timeout=60)
     name = f"rsp-it-{uuid.uuid4().hex[:10]}"
-    ids = client.submit_array(SCRIPT, 3, job_name=name, comment='{"tag": "array"}')
+    # Small, so it fits beside whatever else runs on the sandbox.
+    ids = client.submit_array(sleep(name, time="10", mem="100"), 3, comment='{"tag": "array"}')
     array_id = ids[0].split("_")[0]
     try:
         assert ids == [f"{array_id}_{i}" for i in range(3)] and array_id.isdigit()

@@ -23,10 +23,14 @@ from ray_slurm_provider.slurm.client import (
     TransientSlurmError,
 )
 from ray_slurm_provider.slurm.rest.client import RestSlurmClient
+from ray_slurm_provider.slurm.script import JobSpec
 
 pytestmark = pytest.mark.integration
 
-SLEEP = "#!/bin/bash\n#SBATCH --output=/dev/null\nsleep 300\n"
+
+def sleep(name: str, **fields: object) -> JobSpec:
+    """A job that sleeps for 5 minutes and writes no log."""
+    return JobSpec(name, ["sleep", "300"], output="/dev/null", **fields)  # type: ignore[arg-type]
 
 
 def make(kind: str) -> SlurmClient:
@@ -69,14 +73,11 @@ def test_submit_list_cancel(client: SlurmClient, name: str, submitted: list[str]
     for var, value in {"SBATCH_PARTITION": "nosuchpartition", "SQUEUE_FORMAT": "%i",
                        "SLURM_JOB_ID": "1", "SLURM_TIME_FORMAT": "relative"}.items():
         monkeypatch.setenv(var, value)
-    held = client.submit("#!/bin/bash\n#SBATCH --hold\n#SBATCH --output=/dev/null\nsleep 300\n",
-                         job_name=name,
+    held = client.submit(sleep(name, sbatch_options={"hold": None}),
                          comment='{"tag": "held; with spaces"}')
     submitted.append(held)
     # Small, so it fits beside whatever other tests run on the shared sandbox.
-    run = client.submit(
-        "#!/bin/bash\n#SBATCH --time=10 --mem=100 --output=/dev/null\nsleep 300\n",
-        job_name=name, comment="running")
+    run = client.submit(sleep(name, time="10", mem="100"), comment="running")
     submitted.append(run)
     assert held.isdigit() and run.isdigit()
 
@@ -129,7 +130,7 @@ def test_cluster_info(client: SlurmClient) -> None:
 
 def test_bad_partition_is_permanent(client: SlurmClient, name: str) -> None:
     with pytest.raises(PermanentSlurmError) as ei:
-        client.submit("#!/bin/bash\n#SBATCH -p nosuchpartition\ntrue\n", job_name=name)
+        client.submit(JobSpec(name, ["true"], partition="nosuchpartition"))
     assert "Invalid partition name specified" in ei.value.slurm_message
 
 
@@ -144,7 +145,7 @@ def test_controller_down_is_transient(sandbox: Sandbox, name: str) -> None:
         # Each call takes about 9 s to give up on a dead controller: run them side by side.
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(c.list_jobs, name) for c in (client, rest)]
-            futures += [pool.submit(c.submit, SLEEP, job_name=name) for c in (client, rest)]
+            futures += [pool.submit(c.submit, sleep(name)) for c in (client, rest)]
             for i, fut in enumerate(futures):
                 with pytest.raises(TransientSlurmError) as ei:
                     fut.result()

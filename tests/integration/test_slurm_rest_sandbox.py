@@ -23,6 +23,7 @@ from ray_slurm_provider.slurm.client import (
 )
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.slurm.rest.client import RestSlurmClient
+from ray_slurm_provider.slurm.script import JobSpec
 from tests.rest_fakes import make_jwt
 
 pytestmark = pytest.mark.integration
@@ -56,8 +57,8 @@ def test_factory_selects_rest_and_both_back_ends_see_the_same_jobs(
     out = tmp_path / "out"
     out.mkdir()
     job_id = client.submit(
-        f"#!/bin/bash\n#SBATCH --time=10 --mem=100 --output={out}/%j.out\n"
-        "env | sort\nsleep 120\n", job_name=name, comment="ray-slurm:{}")
+        JobSpec(name, ["sleep", "120"], time="10", mem="100", output=f"{out}/%j.out",
+                setup=["env | sort"]), comment="ray-slurm:{}")
     try:
         via_rest = _wait(rest, name, "RUNNING")
         via_cli = CliSlurmClient(timeout=60).list_jobs(name)
@@ -74,7 +75,7 @@ def test_factory_selects_rest_and_both_back_ends_see_the_same_jobs(
     finally:
         rest.cancel([job_id])
     env = dict(line.split("=", 1) for line in log.read_text().splitlines() if "=" in line)
-    # The #SBATCH lines were translated (slurmrestd itself ignores them), and the job got the
+    # The spec's fields were sent (slurmrestd itself ignores #SBATCH lines), and the job got the
     # submitting process's scrubbed environment: PATH and HOME, its own SLURM_* only.
     assert env["PATH"] == os.environ["PATH"]
     assert env["SLURM_JOB_ID"] == job_id and env["SLURM_JOB_NAME"] == name
@@ -83,8 +84,8 @@ def test_factory_selects_rest_and_both_back_ends_see_the_same_jobs(
 
 def test_requeue_false_is_ignored_by_slurmrestd_2205(rest: RestSlurmClient, name: str) -> None:
     """Canary for a Slurm 22.05 slurmrestd bug the REST back end documents and logs."""
-    job_id = rest.submit("#!/bin/bash\n#SBATCH --hold --no-requeue --output=/dev/null\ntrue\n",
-                         job_name=name)
+    job_id = rest.submit(JobSpec(name, ["true"], output="/dev/null", requeue=False,
+                                 sbatch_options={"hold": None}))
     try:
         shown = proc.run(["scontrol", "show", "job", job_id], timeout=30).stdout
     finally:
@@ -114,7 +115,7 @@ def test_tokens_slurm_refuses(sandbox: Sandbox, name: str, tmp_path: Path) -> No
     # slurmrestd 22.05 answers a forged token with "Unspecified error" (reads) or "Zero Bytes
     # were transmitted" (submit), the words of an outage: it raises, typed as transient.
     with pytest.raises(SlurmError):
-        forged.submit("#!/bin/bash\ntrue\n", job_name=name)
+        forged.submit(JobSpec(name, ["true"]))
     with pytest.raises(SlurmError):
         forged.list_jobs(name)
     with pytest.raises(PermanentSlurmError, match="expired"):

@@ -17,6 +17,7 @@ from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
+from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import ClusterDir, write_json
 from ray_slurm_provider.units import fmt_duration as duration
 from tests.fakes import FakeSlurm
@@ -106,13 +107,13 @@ def test_render_builds_every_node_types_script_and_submits_nothing(
 def test_status_rows_from_one_listing(tmp_path: Path) -> None:
     fake = FakeSlurm()
     c = cluster(tmp_path, fake)
-    head = fake.submit("#!/bin/bash\n#SBATCH --time=30\n", job_name="ray-sandbox",
+    head = fake.submit(JobSpec("ray-sandbox", ["true"], time="30"),
                        comment=encode_tags({"ray-node-type": "head",
                                             "ray-user-node-type": "head"}))
-    worker = fake.submit("#!/bin/bash\n", job_name="ray-sandbox",
+    worker = fake.submit(JobSpec("ray-sandbox", ["true"]),
                          comment=encode_tags({"ray-node-type": "worker",
                                               "ray-user-node-type": "cpu_worker"}))
-    fake.submit("#!/bin/bash\n", job_name="ray-sandbox", comment="not ours")
+    fake.submit(JobSpec("ray-sandbox", ["true"]), comment="not ours")
     fake.start(head, "n2")
     fake.set_state(worker, "PENDING", "Resources")
     fake.clock.advance(60)

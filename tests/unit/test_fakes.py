@@ -8,9 +8,14 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider.slurm.client import PermanentSlurmError, SlurmClient, TransientSlurmError
+from ray_slurm_provider.slurm.script import JobSpec, ScriptError
 from tests.fakes import BAD_PARTITION, OUTAGE_MESSAGES, FakeClock, FakeSlurm
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+
+
+def job(name: str = "j", **fields: object) -> JobSpec:
+    return JobSpec(name, ["true"], **fields)  # type: ignore[arg-type]
 
 
 def test_clock() -> None:
@@ -23,12 +28,13 @@ def test_lifecycle_and_time_left() -> None:
     clock = FakeClock()
     slurm = FakeSlurm(clock)
     assert isinstance(slurm, SlurmClient)
-    script = "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH -t 10\nsleep 1\n"
-    jid = slurm.submit(script, job_name="ray-c-w", comment="tags")
+    spec = JobSpec("ray-c-w", ["sleep", "1"], partition="gpu", time="10")
+    jid = slurm.submit(spec, comment="tags")
     (job,) = slurm.list_jobs("ray-c-w")
     assert (job.job_id, job.state, job.partition, job.comment) == (jid, "PENDING", "gpu", "tags")
     assert job.time_limit_s == 600 and job.node_addr == ""
-    assert slurm.submitted_scripts == [script] and slurm.list_jobs("other") == []
+    assert slurm.submitted == [spec] and slurm.list_jobs("other") == []
+    assert slurm.jobs[jid].spec is spec
 
     slurm.start(jid, node="n2")
     clock.advance(60)
@@ -49,7 +55,7 @@ def test_lifecycle_and_time_left() -> None:
 
 def test_cancel_is_idempotent_and_counted() -> None:
     slurm = FakeSlurm()
-    a = slurm.submit("#!/bin/sh\n", job_name="x")
+    a = slurm.submit(job("x"))
     slurm.cancel([])
     slurm.cancel([a, "999"])
     slurm.cancel([a])
@@ -60,12 +66,14 @@ def test_cancel_is_idempotent_and_counted() -> None:
 def test_unknown_partition_is_permanent_with_real_words() -> None:
     slurm = FakeSlurm()
     with pytest.raises(PermanentSlurmError) as ei:
-        slurm.submit("#!/bin/sh\n#SBATCH -p nosuchpartition\n")
+        slurm.submit(job(partition="nosuchpartition"))
     assert ei.value.slurm_message.endswith(BAD_PARTITION)
     # Exactly what the CLI client makes of the recorded sbatch answer.
     recorded = (FIX / "sbatch_bad_partition.stderr.txt").read_text().strip()
     assert ei.value.slurm_message == str(ei.value) == recorded
-    assert slurm.submit("#!/bin/sh\n").isdigit()  # default partition cpu
+    assert slurm.submit(job()).isdigit()  # default partition cpu
+    with pytest.raises(ScriptError, match=r"JobSpec\.time"):  # as every real back end
+        slurm.submit(job(time="soon"))
 
 
 def test_outage_and_fail_next() -> None:
@@ -77,7 +85,7 @@ def test_outage_and_fail_next() -> None:
     assert ei.value.slurm_message == recorded and ei.value.command == "squeue"
     for call in (
         lambda: slurm.list_jobs("x"),
-        lambda: slurm.submit("#!/bin/sh\n"),
+        lambda: slurm.submit(job()),
         lambda: slurm.cancel(["1"]),
         slurm.cluster_info,
         slurm.node_addresses,
@@ -109,7 +117,7 @@ def test_configurable_partitions_and_limits() -> None:
     slurm = FakeSlurm(partitions={"short": {"default": True, "max_time_s": 3600, "nodes": ["n1"]}})
     (short,) = slurm.cluster_info().partitions
     assert short.max_time_s == 3600 and [n.name for n in short.nodes] == ["n1"]
-    jid = slurm.submit("#!/bin/sh\n", job_name="j")
+    jid = slurm.submit(job("j"))
     assert slurm.job(jid).time_limit_s == 3600
 
 
@@ -120,7 +128,7 @@ def test_thread_safe_ids() -> None:
 
     def work() -> None:
         for _ in range(50):
-            jid = slurm.submit("#!/bin/sh\n", job_name="t")
+            jid = slurm.submit(job("t"))
             with lock:
                 ids.append(jid)
 

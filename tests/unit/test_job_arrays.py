@@ -16,6 +16,7 @@ from ray_slurm_provider.provider.runner import SrunCommandRunner
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import ArraySubmitter, ClusterInfo, Job
+from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.state import write_json
 from tests.fakes import FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
@@ -75,13 +76,14 @@ def test_cli_submit_array_is_one_sbatch(fake: FakeRun) -> None:
     (array_id,) = recorded("sbatch_array")[0].split()
     client = CliSlurmClient(env={"PATH": "/bin"})
     assert isinstance(client, ArraySubmitter)
-    ids = client.submit_array("#!/bin/sh\n", 3, comment="c", job_name="ray-x")
+    spec = JobSpec("ray-x", ["true"])
+    ids = client.submit_array(spec, 3, comment="c")
     assert ids == [f"{array_id}_0", f"{array_id}_1", f"{array_id}_2"]
     (call,) = fake.calls
-    assert call.argv == ["sbatch", "--parsable", "--array=0-2", "--job-name=ray-x",
-                         "--comment=c"]
+    assert call.argv == ["sbatch", "--parsable", "--array=0-2", "--comment=c"]
+    assert call.input == render(spec)  # named by its own #SBATCH --job-name=ray-x
     with pytest.raises(ValueError):
-        client.submit_array("#!/bin/sh\n", 0)
+        client.submit_array(spec, 0)
 
 
 def test_cli_cancel_takes_task_ids(fake: FakeRun) -> None:
@@ -95,7 +97,7 @@ def test_cli_cancel_takes_task_ids(fake: FakeRun) -> None:
 
 def test_fake_slurm_arrays() -> None:
     f = FakeSlurm()
-    ids = f.submit_array("#!/bin/sh\n", 3, comment="x", job_name="ray-c")
+    ids = f.submit_array(JobSpec("ray-c", ["true"]), 3, comment="x")
     assert ids == ["1000_0", "1000_1", "1000_2"] and f.calls["submit_array"] == 1
     assert {j.numeric_id for j in f.list_jobs("ray-c")} == {"1000"}
     f.start("1000_1")
@@ -122,7 +124,8 @@ def test_burst_is_one_array_submit_and_every_task_a_node(tmp_path: Path) -> None
     assert p.is_running("1000_2") and p.internal_ip("1000_2") == "127.0.0.3"
     assert not p.is_running("1000_0")
     # Every task logs to its own file, named by its node id.
-    (script,) = f.submitted_scripts
+    (spec,) = f.submitted
+    script = render(spec)
     assert "/c1/logs/%A_%a.out" in script and "%j" not in script
     p.terminate_node("1000_2")
     assert f.cancelled == [["1000_2"]]
@@ -133,7 +136,7 @@ def test_single_node_is_a_plain_job(tmp_path: Path) -> None:
     p, f = make(tmp_path)
     (job_id,) = p.create_node({}, WORKER_TAGS, 1)
     assert job_id == "1000" and f.calls["submit"] == 1 and f.calls["submit_array"] == 0
-    assert "%j.out" in f.submitted_scripts[0]
+    assert "%j.out" in render(f.submitted[0])
 
 
 class NoArrays:
@@ -142,8 +145,8 @@ class NoArrays:
     def __init__(self) -> None:
         self.fake = FakeSlurm()
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
-        return self.fake.submit(script, comment=comment, job_name=job_name)
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
+        return self.fake.submit(spec, comment=comment)
 
     def list_jobs(self, job_name: str) -> list[Job]:
         return self.fake.list_jobs(job_name)
@@ -181,9 +184,8 @@ def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
     from ray_slurm_provider.jobs import encode_tags
     from ray_slurm_provider.provider.submit import SUBMIT_TAG
 
-    ids = f.submit_array("#!/bin/sh\n", 2, comment=encode_tags({**WORKER_TAGS,
-                                                              SUBMIT_TAG: nonce}),
-                         job_name="ray-c1")
+    ids = f.submit_array(JobSpec("ray-c1", ["true"]), 2,
+                         comment=encode_tags({**WORKER_TAGS, SUBMIT_TAG: nonce}))
     assert p.non_terminated_nodes({}) == []
     assert f.cancelled == [sorted(ids)]
 

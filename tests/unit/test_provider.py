@@ -20,6 +20,7 @@ from ray.autoscaler.tags import (
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import TransientSlurmError
+from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.state import write_json
 from tests.fakes import FakeSlurm
 
@@ -112,7 +113,7 @@ def test_other_clusters_and_foreign_jobs_are_invisible(tmp_path: Path) -> None:
     other = SlurmNodeProvider({"state_dir": str(tmp_path / "state")}, "c2")
     other._client = f
     other.create_node({}, WORKER_TAGS, 2)
-    f.submit("#!/bin/bash\n#SBATCH --job-name=ray-c1\ntrue\n", comment="hand-made")
+    f.submit(JobSpec("ray-c1", ["true"]), comment="hand-made")
     assert p.non_terminated_nodes({}) == []
     assert len(other.non_terminated_nodes({})) == 2
 
@@ -154,7 +155,7 @@ def test_job_script_runs_the_agent_with_resources(tmp_path: Path) -> None:
     p.create_node_with_resources_and_labels(
         {"partition": "gpu", "time": "1:00:00"}, WORKER_TAGS, 1, {"CPU": 2, "GPU": 1}, {}
     )
-    script = f.submitted_scripts[-1]
+    script = render(f.submitted[-1])
     assert "#SBATCH --job-name=ray-c1" in script
     assert "#SBATCH --partition=gpu" in script
     assert "#SBATCH --cpus-per-task=2" in script

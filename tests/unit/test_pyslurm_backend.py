@@ -16,6 +16,7 @@ from ray_slurm_provider.slurm.client import (
 )
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient, major_minor
+from ray_slurm_provider.slurm.script import JobSpec, render
 from tests.pyslurm_fake import FakeJob, make_module
 
 
@@ -70,11 +71,11 @@ def test_major_minor() -> None:
 
 def test_submit_list_cancel(mod: Any) -> None:
     client = PyslurmSlurmClient(module=mod)
-    job_id = client.submit("#!/bin/bash\n#SBATCH --partition=gpu\ntrue\n", job_name="ray-c",
-                           comment="ray-slurm:{}")
-    ((script, kw, opts),) = mod.state["submitted"]
-    assert kw == {"environment": "ALL", "name": "ray-c", "comment": "ray-slurm:{}"}
-    assert opts == {"partition": "gpu"} and script.startswith("#!/bin/bash")
+    spec = JobSpec("ray-c", ["true"], partition="gpu")
+    job_id = client.submit(spec, comment="ray-slurm:{}")
+    (kw,) = mod.state["submitted"]
+    assert kw == {"script": render(spec), "environment": "ALL", "name": "ray-c",
+                  "comment": "ray-slurm:{}", "partitions": "gpu", "nodes": 1, "ntasks": 1}
     mod.state["jobs"][999] = FakeJob(999, "ray-c", user_name="bob", state="RUNNING")
     mod.state["jobs"][998] = FakeJob(998, "ray-c", state="COMPLETED")
     mod.state["jobs"][997] = FakeJob(997, "ray-c", state="RUNNING", batch_host="n2",
@@ -96,7 +97,7 @@ def test_submit_list_cancel(mod: Any) -> None:
 def test_errors_are_typed_by_slurms_words(mod: Any) -> None:
     client = PyslurmSlurmClient(module=mod)
     with pytest.raises(PermanentSlurmError, match="Invalid partition name specified"):
-        client.submit("#!/bin/bash\n#SBATCH --partition=nope\ntrue\n")
+        client.submit(JobSpec("j", ["true"], partition="nope"))
     mod.state["fail"]["jobs"] = "Unable to contact slurm controller (connect failure)"
     with pytest.raises(TransientSlurmError):
         client.list_jobs("x")
@@ -115,3 +116,34 @@ def test_cluster_info_matches_the_sandbox(mod: Any) -> None:
     assert {n.addr for n in cpu.nodes} == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
     mod.state["parts"][0].max_time_limit = 120
     assert PyslurmSlurmClient(module=mod).cluster_info().partitions[0].max_time_s == 7200
+
+
+def test_every_field_is_an_attribute(mod: Any) -> None:
+    """Typed fields and the user's options become JobSubmitDescription attributes; an option
+    without one is refused, naming it, before pyslurm is asked."""
+    spec = JobSpec("ray-c", ["ray", "start"], partition="gpu", account="a", qos="q",
+                   time="1:00:00", nodes=2, ntasks=2, cpus_per_task=4, mem="16G",
+                   gres="gpu:2", gpus_per_node="a100:1", constraint="ib", exclusive=True,
+                   reservation="r", nodelist="n[1-2]", exclude="n3", signal="B:TERM@120",
+                   output="/s/%j.out", error="/s/%j.err", open_mode="append", requeue=False,
+                   sbatch_options={"hold": None, "mail-type": "END"},
+                   extra_directives=["#SBATCH --comment=mine", "--mem-per-cpu=1G"])
+    client = PyslurmSlurmClient(module=mod)
+    client.submit(spec, comment="tags")
+    (kw,) = mod.state["submitted"]
+    assert kw == {
+        "script": render(spec), "environment": "ALL", "name": "ray-c", "partitions": "gpu",
+        "account": "a", "qos": "q", "time_limit": "1:00:00", "nodes": 2, "ntasks": 2,
+        "cpus_per_task": 4, "memory_per_node": "16G", "gres_per_node": "gpu:2,gpu:a100:1",
+        "constraints": "ib", "resource_sharing": "no", "reservations": "r",
+        "required_nodes": "n[1-2]", "excluded_nodes": "n3", "signal": "B:TERM@120",
+        "standard_output": "/s/%j.out", "standard_error": "/s/%j.err",
+        "log_files_open_mode": "append", "is_requeueable": False, "priority": 0,
+        "mail_types": "END", "comment": "tags", "memory_per_cpu": "1G"}
+    for bad, match in (({"no-kill": None}, "--no-kill: no translation"),
+                       ({"hold": "x"}, "--hold=x: a flag takes no value"),
+                       ({"wckey": None}, "--wckey: needs a value")):
+        with pytest.raises(PermanentSlurmError, match=match) as ei:
+            client.submit(JobSpec("j", ["true"], sbatch_options=bad))
+        assert "slurm_api: cli" in str(ei.value)
+    assert len(mod.state["submitted"]) == 1

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ray_slurm_provider.slurm.script import JobSpec, ScriptError, render, validate
+from ray_slurm_provider.slurm.script import JobSpec, ScriptError, render, user_options, validate
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -131,6 +131,20 @@ def test_shebangs(shebang: str) -> None:
 def test_extra_directive_forms() -> None:
     text = render(JobSpec("j", ["x"], extra_directives=["#SBATCH   --wckey=a", "--contiguous"]))
     assert "#SBATCH --wckey=a\n#SBATCH --contiguous\n" in text
+
+
+def test_user_options_are_what_sbatch_reads_from_their_lines() -> None:
+    """The (option, value) pairs back ends without sbatch translate: sbatch's getopt_long
+    splits each `--key=value` argument at its first '='; a flag has no value."""
+    spec = JobSpec("j", ["x"], sbatch_options={"no-kill": None, "mail-type": "END"},
+                   extra_directives=["#SBATCH   --wckey=a=b", "--contiguous"])
+    pairs = [("mail-type", "END"), ("no-kill", None), ("wckey", "a=b"), ("contiguous", None)]
+    assert user_options(spec) == pairs
+    directives = [ln for ln in render(spec).splitlines() if ln.startswith("#SBATCH")]
+    assert directives[-4:] == ["#SBATCH --mail-type=END", "#SBATCH --no-kill",
+                               "#SBATCH --wckey=a=b", "#SBATCH --contiguous"]
+    with pytest.raises(ScriptError, match=r"extra_directives\[0\]"):
+        user_options(JobSpec("j", ["x"], extra_directives=["--partition=x"]))
 
 
 def test_exact_option_that_prefixes_a_reserved_one_is_allowed() -> None:

@@ -10,18 +10,20 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.slurm import cli
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import (
     ACTIVE_STATES,
+    LIST_STATES,
     PermanentSlurmError,
     SlurmClient,
     TransientSlurmError,
 )
 from ray_slurm_provider.slurm.parse import DELIM, SQUEUE_FORMAT
+from ray_slurm_provider.slurm.script import JobSpec, ScriptError, render
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 CODES = dict(ln.split() for ln in (FIX / "exit_codes.txt").read_text().splitlines())
+TRUE = JobSpec("ray-x", ["true"])
 
 
 def recorded(name: str) -> tuple[str, str, int]:
@@ -129,30 +131,35 @@ def test_env_is_scrubbed() -> None:
 
 def test_submit(fake: FakeRun) -> None:
     client = CliSlurmClient(timeout=7, env={"SLURM_JOB_ID": "1", "PATH": "/bin"})
-    job_id = client.submit("#!/bin/bash\nsleep 1\n", comment='{"a": "b c"}', job_name="ray-x")
+    spec = JobSpec("ray-x", ["sleep", "1"], time="10")
+    job_id = client.submit(spec, comment='{"a": "b c"}')
     assert job_id == recorded("sbatch_parsable")[0].strip()
     (call,) = fake.calls
-    assert call.argv == ["sbatch", "--parsable", "--job-name=ray-x", '--comment={"a": "b c"}']
-    assert call.input == "#!/bin/bash\nsleep 1\n" and call.timeout == 7
+    # The name is the script's own #SBATCH --job-name; the comment goes on the command line.
+    assert call.argv == ["sbatch", "--parsable", '--comment={"a": "b c"}']
+    assert call.input == render(spec) and call.timeout == 7
+    assert "#SBATCH --job-name=ray-x\n" in call.input
     assert call.env == {"PATH": "/bin", "SLURM_TIME_FORMAT": "standard"}
 
 
 def test_submit_minimal_argv_and_cluster_suffix(fake: FakeRun) -> None:
     fake.set("sbatch", ("42;cluster\n", "", 0))
-    assert CliSlurmClient().submit("#!/bin/sh\n") == "42"
+    assert CliSlurmClient().submit(TRUE) == "42"
     assert fake.calls[0].argv == ["sbatch", "--parsable"]
 
 
 def test_submit_rejects_multiline_comment(fake: FakeRun) -> None:
     with pytest.raises(ValueError):
-        CliSlurmClient().submit("#!/bin/sh\n", comment="a\nb")
+        CliSlurmClient().submit(TRUE, comment="a\nb")
+    with pytest.raises(ScriptError, match="job_name"):
+        CliSlurmClient().submit(JobSpec("a\nb", ["true"]))
     assert fake.calls == []
 
 
 def test_submit_bad_partition_keeps_slurms_words(fake: FakeRun) -> None:
     fake.set("sbatch", "sbatch_bad_partition")
     with pytest.raises(PermanentSlurmError) as ei:
-        CliSlurmClient().submit("#!/bin/sh\n")
+        CliSlurmClient().submit(TRUE)
     # Both of sbatch's lines, and no "sbatch: sbatch: error:".
     assert str(ei.value) == recorded("sbatch_bad_partition")[1].strip()
     assert "Invalid partition name specified" in ei.value.slurm_message
@@ -162,19 +169,19 @@ def test_submit_bad_partition_keeps_slurms_words(fake: FakeRun) -> None:
 def test_submit_bad_gres_is_permanent(fake: FakeRun) -> None:
     fake.set("sbatch", "sbatch_bad_gres")
     with pytest.raises(PermanentSlurmError, match="Requested node configuration"):
-        CliSlurmClient().submit("#!/bin/sh\n")
+        CliSlurmClient().submit(TRUE)
 
 
 def test_submit_controller_down_is_transient(fake: FakeRun) -> None:
     fake.set("sbatch", "sbatch_ctld_down")
     with pytest.raises(TransientSlurmError, match="Unable to contact slurm controller"):
-        CliSlurmClient().submit("#!/bin/sh\n")
+        CliSlurmClient().submit(TRUE)
 
 
 def test_submit_garbage_output_is_an_error(fake: FakeRun) -> None:
     fake.set("sbatch", ("Submitted batch job 5\n", "", 0))
     with pytest.raises(PermanentSlurmError, match="unexpected sbatch"):
-        CliSlurmClient().submit("#!/bin/sh\n")
+        CliSlurmClient().submit(TRUE)
 
 
 def test_list_jobs_one_squeue_then_cached_addresses(fake: FakeRun) -> None:
@@ -365,9 +372,9 @@ def test_timeout_is_transient_and_keeps_what_it_said(fake: FakeRun) -> None:
 
 
 def test_binaries_override(fake: FakeRun) -> None:
-    CliSlurmClient(binaries={"sbatch": "/opt/slurm/bin/sbatch"}).submit("#!/bin/sh\n")
+    CliSlurmClient(binaries={"sbatch": "/opt/slurm/bin/sbatch"}).submit(TRUE)
     assert fake.calls[0].argv[0] == "/opt/slurm/bin/sbatch"
 
 
 def test_list_states_cover_active_and_completing() -> None:
-    assert set(cli.LIST_STATES.split(",")) == ACTIVE_STATES | {"COMPLETING"}
+    assert set(LIST_STATES.split(",")) == ACTIVE_STATES | {"COMPLETING"}

@@ -18,6 +18,7 @@ from ray_slurm_provider.slurm.client import (
     TransientSlurmError,
 )
 from ray_slurm_provider.slurm.rest.http import HttpResponse
+from ray_slurm_provider.slurm.script import JobSpec, render
 from tests.rest_fakes import (
     TOKEN,
     URL,
@@ -29,6 +30,8 @@ from tests.rest_fakes import (
     v38_server,
     v41_server,
 )
+
+TRUE = JobSpec("j", ["true"])
 
 
 def test_is_a_slurm_client_and_init_runs_nothing() -> None:
@@ -223,7 +226,7 @@ def test_recorded_controller_outage_v38_is_transient(name: str) -> None:
                 "DELETE job/999999"):
         server.set(key, answer)
     call = {"jobs": lambda: c.list_jobs("x"), "nodes": c.node_addresses,
-            "partitions": c.cluster_info, "submit": lambda: c.submit("#!/bin/bash\ntrue\n"),
+            "partitions": c.cluster_info, "submit": lambda: c.submit(TRUE),
             "delete": lambda: c.cancel(["999999"])}[name]
     with pytest.raises(TransientSlurmError) as ei:
         call()
@@ -243,11 +246,11 @@ def test_unresolvable_host_is_permanent() -> None:
 def test_submit_v38_translates_directives_and_sends_scrubbed_env() -> None:
     server = v38_server()
     c = client(server)
-    job_id = c.submit("#!/bin/bash\n#SBATCH --time=10 --mem=100\n#SBATCH -p cpu\nsleep 300\n",
-                      job_name="rsp-x", comment='ray-slurm:{"a":"b c"}')
+    spec = JobSpec("rsp-x", ["sleep", "300"], time="10", mem="100", partition="cpu")
+    job_id = c.submit(spec, comment='ray-slurm:{"a":"b c"}')
     assert job_id == "103"
     (body,) = server.bodies("POST job/submit")
-    assert body["script"].startswith("#!/bin/bash\n#SBATCH --time=10")
+    assert body["script"] == render(spec)  # what sbatch gets on the CLI back end
     job = body["job"]
     assert job["name"] == "rsp-x" and job["comment"] == 'ray-slurm:{"a":"b c"}'
     assert (job["time_limit"], job["memory_per_node"], job["partition"]) == (10, 100, "cpu")
@@ -261,18 +264,19 @@ def test_submit_v38_translates_directives_and_sends_scrubbed_env() -> None:
 def test_submit_held_answer_with_a_warning_is_success() -> None:
     server = v38_server()
     server.set("POST job/submit", recorded(V38, "submit_held"))
-    assert client(server).submit("#!/bin/bash\n#SBATCH --hold\nsleep 1\n") == "102"
+    held = JobSpec("j", ["sleep", "1"], sbatch_options={"hold": None})
+    assert client(server).submit(held) == "102"
 
 
 def test_submit_errors_keep_slurms_words() -> None:
     server = v38_server()
     server.set("POST job/submit", recorded(V38, "submit_bad_partition"))
     with pytest.raises(PermanentSlurmError) as ei:
-        client(server).submit("#!/bin/bash\n#SBATCH -p nosuchpartition\ntrue\n")
+        client(server).submit(JobSpec("j", ["true"], partition="nosuchpartition"))
     assert "Invalid partition name specified" in ei.value.slurm_message
     server.set("POST job/submit", recorded(V38, "submit_no_environment"))
     with pytest.raises(PermanentSlurmError, match="environment must be set"):
-        client(server).submit("#!/bin/bash\ntrue\n")
+        client(server).submit(TRUE)
 
 
 def test_submit_refuses_untranslatable_options_before_sending() -> None:
@@ -281,22 +285,24 @@ def test_submit_refuses_untranslatable_options_before_sending() -> None:
     c.api_version()
     server.requests.clear()
     with pytest.raises(PermanentSlurmError, match="--nodelist"):
-        c.submit("#!/bin/bash\n#SBATCH --nodelist=n1\ntrue\n")
+        c.submit(JobSpec("j", ["true"], nodelist="n1"))
     with pytest.raises(PermanentSlurmError, match="--no-kill"):
-        c.submit("#!/bin/bash\n#SBATCH --no-kill\ntrue\n")
+        c.submit(JobSpec("j", ["true"], sbatch_options={"no-kill": None}))
     with pytest.raises(ValueError):
-        c.submit("#!/bin/bash\ntrue\n", comment="a\nb")
+        c.submit(TRUE, comment="a\nb")
+    with pytest.raises(ValueError, match=r"JobSpec\.partition"):  # ScriptError
+        c.submit(JobSpec("j", ["true"], partition="a b"))
     assert server.requests == []
 
 
 def test_submit_v41_body_shape() -> None:
     server = v41_server()
     c = client(server, user="alice")
-    script = ("#!/bin/bash\n#SBATCH --job-name=j\n#SBATCH --time=1-00:00:00\n#SBATCH --gres=gpu:2"
-              "\n#SBATCH --nodelist=cn1\n#SBATCH --no-requeue\n#SBATCH --exclusive\ntrue\n")
-    assert c.submit(script) == "508"
+    spec = JobSpec("j", ["true"], time="1-00:00:00", gres="gpu:2", nodelist="cn1",
+                   requeue=False, exclusive=True)
+    assert c.submit(spec) == "508"
     (body,) = server.bodies("POST job/submit")
-    assert "script" not in body and body["job"]["script"] == script
+    assert "script" not in body and body["job"]["script"] == render(spec)
     job = body["job"]
     assert job["time_limit"] == {"set": True, "infinite": False, "number": 1440}
     assert job["tres_per_node"] == "gres/gpu:2" and job["required_nodes"] == "cn1"

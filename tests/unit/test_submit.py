@@ -25,6 +25,7 @@ from ray_slurm_provider.provider.submit import (
     last_log_line,
 )
 from ray_slurm_provider.slurm.client import TransientSlurmError, classify
+from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import write_json
 from tests.fakes import BAD_PARTITION, FakeClock, FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
@@ -131,8 +132,8 @@ def test_job_of_a_failed_submission_is_cancelled_not_adopted(tmp_path: Path) -> 
     p, f, _ = make(tmp_path)
     real = f.submit
 
-    def queued_but_lost(script: str, *, comment: str = "", job_name: str = "") -> str:
-        real(script, comment=comment, job_name=job_name)
+    def queued_but_lost(spec: JobSpec, *, comment: str = "") -> str:
+        real(spec, comment=comment)
         raise TransientSlurmError("sbatch: no answer within 30s", "", "sbatch")
 
     f.submit = queued_but_lost  # type: ignore[method-assign]

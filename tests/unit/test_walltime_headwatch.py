@@ -15,7 +15,7 @@ from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.provider.walltime import HeadWalltime, warn_below_s
 from ray_slurm_provider.slurm.client import Job
-from ray_slurm_provider.slurm.script import render
+from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.state import write_json
 from ray_slurm_provider.units import fmt_duration
 from tests.fakes import FakeClock, FakeSlurm
@@ -208,7 +208,7 @@ def test_unreadable_head_json_is_no_evidence(tmp_path: Path) -> None:
 def test_fake_slurm_reports_time_left() -> None:
     clock = FakeClock()
     f = FakeSlurm(clock)
-    job = f.submit("#!/bin/bash\n#SBATCH --time=10\ntrue\n", job_name="x")
+    job = f.submit(JobSpec("x", ["true"], time="10"))
     f.start(job)
     clock.advance(120)
     assert f.job(job).time_left_s == 480

@@ -7,11 +7,12 @@
   refreshed on disk is used at once.
 * `list_jobs` is ONE GET /slurm/<v>/jobs, filtered here by job name, user and state (the
   slurmctld endpoint has no name or user filter), and raises on any error in the answer.
-* `submit` translates the script's #SBATCH lines into job fields (rest_job.py) and sends the
-  job's environment explicitly: the submitting process's environment scrubbed exactly as the
-  CLI back end scrubs sbatch's (SLURM_*, RAY_*, ... dropped; SLURM_CONF kept) and without the
+* `submit` sets each field of the JobSpec in the request (rest/job.py) and sends the job's
+  environment explicitly: the submitting process's environment scrubbed exactly as the CLI
+  back end scrubs sbatch's (SLURM_*, RAY_*, ... dropped; SLURM_CONF kept) and without the
   token's own variable. slurmrestd has no --export=ALL; what the request carries (plus the
-  SLURM_* variables slurmd sets) is all the job gets.
+  SLURM_* variables slurmd sets, and the spec's own variables, which the script exports) is
+  all the job gets.
 * `cancel` is one DELETE per job (slurmrestd 22.05 has no bulk cancel); jobs already gone are
   fine.
 * Node addresses come from GET /slurm/<v>/nodes and are cached like the CLI back end's.
@@ -29,8 +30,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ray_slurm_provider.slurm.cli import KEEP_VARS, LIST_STATES, SCRUB_PREFIXES
 from ray_slurm_provider.slurm.client import (
+    KEEP_VARS,
+    LIST_STATES,
+    SCRUB_PREFIXES,
     ClusterInfo,
     Job,
     Node,
@@ -41,6 +44,7 @@ from ray_slurm_provider.slurm.client import (
 from ray_slurm_provider.slurm.rest import http as rest_http
 from ray_slurm_provider.slurm.rest import job as rest_job
 from ray_slurm_provider.slurm.rest import parse as rest_parse
+from ray_slurm_provider.slurm.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +164,14 @@ class RestSlurmClient:
 
     # --- SlurmClient ----------------------------------------------------------------------
 
-    def submit(self, script: str, *, comment: str = "", job_name: str = "") -> str:
-        if "\n" in comment or "\n" in job_name:
-            raise ValueError("job name and comment must be one line")
+    def submit(self, spec: JobSpec, *, comment: str = "") -> str:
+        if "\n" in comment:
+            raise ValueError("the job comment must be one line")
         v = self.api_version()
         notes: list[str] = []
         body = rest_job.job_description(
-            script, api_version=v, environment=self.job_environment(),
-            cwd=self._cwd or os.getcwd(), job_name=job_name, comment=comment, notes=notes)
+            spec, api_version=v, environment=self.job_environment(),
+            cwd=self._cwd or os.getcwd(), comment=comment, notes=notes)
         for note in notes:
             if note not in self._noted:
                 self._noted.add(note)
