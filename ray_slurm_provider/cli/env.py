@@ -20,10 +20,14 @@ def env_lines(path: str) -> list[str]:
         raise CliError(f"cluster {cluster.name!r} has no running head "
                        f"({cdir.head_info} missing): run `ray up {path}` first")
     dash = f"http://{head['ip']}:{head['dashboard_port']}"
+    gcs = f"{head['ip']}:{head['gcs_port']}"
     env = {
-        "RAY_ADDRESS": dash,
+        # ray.init() and `ray status` want the GCS address; the jobs CLI and SDK read
+        # RAY_API_SERVER_ADDRESS first and want the dashboard's URL.
+        "RAY_ADDRESS": gcs,
+        "RAY_API_SERVER_ADDRESS": dash,
         "RAY_DASHBOARD_URL": dash,
-        "RAY_GCS_ADDRESS": f"{head['ip']}:{head['gcs_port']}",
+        "RAY_GCS_ADDRESS": gcs,
         **auth.auth_env(pcfg.auth.mode, cdir.root / auth.TOKEN_FILE),
     }
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

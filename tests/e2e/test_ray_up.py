@@ -133,6 +133,26 @@ def test_job_submit_scales_up_from_zero(cluster: RayCluster) -> None:
     assert len(cluster.jobs()) >= 2
 
 
+def test_tools_in_a_shell_after_ray_slurm_env(cluster: RayCluster) -> None:
+    """Issue 14.16: after `eval "$(ray-slurm env CONFIG)"`, ray.init(), `ray status` and
+    `ray job submit` all reach the cluster (RAY_ADDRESS was the dashboard URL, which made
+    ray.init() and `ray status` crash)."""
+    script = f"""set -e
+eval "$(ray-slurm env {cluster.path})"
+python -c 'import ray; ray.init(); print("INIT", len(ray.nodes()) >= 1); ray.shutdown()'
+ray status | grep -q "Node status" && echo STATUS ok
+ray job submit -- python -c 'print("JOB", 6 * 7)'
+"""
+    env = cluster.base_env()  # nothing of the harness's own Ray settings
+    for k in [k for k in env if k.startswith("RAY_")]:
+        env.pop(k)
+    cp = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                        timeout=300, check=False, cwd=ROOT)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 0, out
+    assert "INIT True" in out and "STATUS ok" in out and "JOB 42" in out, out
+
+
 def test_seed_examples_and_strict_spread(cluster: RayCluster) -> None:
     # `ray submit` = rsync to the head + exec there: covers the runner's file transfer.
     out = cluster.ray("submit", str(cluster.path), str(ROOT / "examples" / "seed_examples.py"),

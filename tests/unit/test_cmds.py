@@ -228,3 +228,18 @@ def test_validate_runs_rays_own_checks_and_the_ranges_ray_lacks(tmp_path: Path) 
         fails = [f"{f.what}: {f.message}" for f in validate.validate_findings(c)
                  if f.level == "fail"]
         assert len(fails) == 1 and match in fails[0], fails
+
+
+def test_env_exports_what_each_ray_tool_reads(tmp_path: Path) -> None:
+    """Issue 14.16: RAY_ADDRESS was the dashboard URL, which ray.init() and `ray status`
+    cannot use; the jobs CLI reads RAY_API_SERVER_ADDRESS first."""
+    from ray_slurm_provider.cli.env import env_lines
+
+    c = cluster(tmp_path, FakeSlurm())
+    write_json(c.cdir.head_info, {"ip": "10.0.0.7", "gcs_port": 24000, "dashboard_port": 24001,
+                                  "client_port": 24002, "job_id": "5"})
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in env_lines(c.path)
+                   if line.startswith("export "))
+    assert exports["RAY_ADDRESS"] == "10.0.0.7:24000"
+    assert exports["RAY_API_SERVER_ADDRESS"] == "http://10.0.0.7:24001"
+    assert exports["RAY_AUTH_MODE"] == "token"
