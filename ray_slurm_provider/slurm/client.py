@@ -16,10 +16,13 @@ from typing import Protocol, runtime_checkable
 from ray_slurm_provider.slurm.spec import JobSpec
 
 #: Job states in which a Ray node still exists or will exist. COMPLETING and every final
-#: state count as terminated: a job in CG is already tearing its node down.
-ACTIVE_STATES = frozenset(
-    {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
-)
+#: state count as terminated: a job in CG is already tearing its node down. Held, stopped and
+#: special-exit jobs are nodes too: they hold or will regain an allocation, and `ray down`
+#: must cancel them (22.05's squeue accepts every name here in --states).
+ACTIVE_STATES = frozenset({
+    "PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
+    "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "STOPPED", "RESV_DEL_HOLD",
+})
 
 #: What `list_jobs` lists: every active state plus COMPLETING, so callers can see a node that
 #: is going away (Job.active is False for it). squeue --states syntax.

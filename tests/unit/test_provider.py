@@ -296,3 +296,21 @@ def test_forgets_cancelled_jobs_once_slurm_has_dropped_them(tmp_path: Path) -> N
     p.terminate_nodes(ids)
     p.non_terminated_nodes({})
     assert p._gone == {}
+
+
+@pytest.mark.parametrize("state", ["REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "SUSPENDED",
+                                   "REQUEUE_FED", "RESV_DEL_HOLD"])
+def test_held_stopped_and_suspended_jobs_are_nodes_ray_down_cancels(tmp_path: Path,
+                                                                   state: str) -> None:
+    """Issue 14.12: jobs in these states still hold (or will again hold) an allocation; when
+    the listing did not show them, `ray down` never cancelled them."""
+    from ray_slurm_provider.slurm.client import LIST_STATES
+
+    p, f = make(tmp_path)
+    (w,) = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 1, {"CPU": 1}, {})
+    f.start(w, "n1")
+    f.set_state(w, state, "JobHeldUser")
+    assert state in LIST_STATES.split(",")  # squeue is asked for them
+    assert p.non_terminated_nodes({}) == [w]
+    p.terminate_nodes(p.non_terminated_nodes({}))  # what `ray down` does
+    assert f.jobs[w].job.state == "CANCELLED"
