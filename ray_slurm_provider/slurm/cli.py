@@ -8,7 +8,6 @@ dumps every field of every job.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -16,6 +15,7 @@ from dataclasses import replace
 from ray_slurm_provider import proc
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.client import (
+    JOB_ID_RE,
     KEEP_VARS,
     LIST_STATES,
     SCRUB_PREFIXES,
@@ -30,8 +30,6 @@ from ray_slurm_provider.slurm.client import (
 )
 from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.units import parse_duration
-
-_JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")  # 123, array task 123_4, het component 123+1
 
 _INSTALL_HINT = (
     "install the Slurm client (e.g. `apt-get install slurm-client`) or mount your site's Slurm "
@@ -154,7 +152,7 @@ class CliSlurmClient:
         ids = sorted({str(j).strip() for j in job_ids})
         if not ids:
             return
-        bad = [j for j in ids if not _JOB_ID.match(j)]
+        bad = [j for j in ids if not JOB_ID_RE.match(j)]
         if bad:
             # scancel would say "Invalid job id", which reads like "already gone".
             raise ValueError(f"not Slurm job ids: {bad}")

@@ -24,6 +24,9 @@ ACTIVE_STATES = frozenset({
     "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "STOPPED", "RESV_DEL_HOLD",
 })
 
+#: A job id as Slurm's tools name it: 123, an array task 123_4, a het component 123+1.
+JOB_ID_RE = re.compile(r"^\d+(?:[_+]\d+)?$")
+
 #: What `list_jobs` lists: every active state plus COMPLETING, so callers can see a node that
 #: is going away (Job.active is False for it). squeue --states syntax.
 LIST_STATES = ",".join(sorted(ACTIVE_STATES | {"COMPLETING"}))

@@ -121,3 +121,18 @@ def test_tokens_slurm_refuses(sandbox: Sandbox, name: str, tmp_path: Path) -> No
     with pytest.raises(PermanentSlurmError, match="expired"):
         RestSlurmClient(env={**os.environ, "RAY_SLURM_JWT_FILE": "",
                              "SLURM_JWT": make_jwt(exp=1)}).list_jobs(name)
+
+
+def test_cancel_one_array_task_by_its_id(rest: RestSlurmClient, name: str) -> None:
+    """Issue 14.11: `<array>_<task>` ids (how the listing names array tasks) are cancelled
+    one task at a time, as scancel does; they used to raise ValueError and abort `ray down`."""
+    cli = CliSlurmClient()
+    (first, second) = cli.submit_array(JobSpec(name, ["sleep", "60"], time="5", mem="100",
+                                               output="/dev/null",
+                                               extra_directives=["--hold"]), 2)
+    try:
+        assert {j.job_id for j in cli.list_jobs(name)} == {first, second}
+        rest.cancel([second])
+        assert [j.job_id for j in cli.list_jobs(name) if j.active] == [first]
+    finally:
+        cli.cancel([first, second])

@@ -385,3 +385,14 @@ def test_pin_env_defaults_only_for_rest() -> None:
     cli: dict[str, object] = {}
     pin_env_defaults(cli, env)
     assert cli == {}
+
+
+def test_cancel_takes_array_task_ids() -> None:
+    """Issue 14.11: `ray down` of a cluster with array tasks (`<array>_<task>`) aborted with a
+    ValueError. slurmrestd 22.05 cancels one task by that id (checked on the sandbox)."""
+    server = v38_server()
+    for j in ("7_3", "8"):
+        server.set(f"DELETE job/{j}", recorded(V38, "delete_held"))
+    client(server).cancel(["7_3", "8"])
+    assert sorted(p for p in server.paths() if p.startswith("DELETE")) == [
+        "DELETE /slurm/v0.0.38/job/7_3", "DELETE /slurm/v0.0.38/job/8"]

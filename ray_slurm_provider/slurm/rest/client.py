@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from ray_slurm_provider.slurm.client import (
+    JOB_ID_RE,
     KEEP_VARS,
     LIST_STATES,
     SCRUB_PREFIXES,
@@ -215,7 +216,7 @@ class RestSlurmClient:
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted({str(j).strip() for j in job_ids})
-        bad = [j for j in ids if not j.isdigit()]
+        bad = [j for j in ids if not JOB_ID_RE.match(j)]
         if bad:
             raise ValueError(f"not Slurm job ids: {bad}")
         failures: list[SlurmError] = []
