@@ -30,6 +30,7 @@ from typing import Any
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.slurm.client import (
     ArraySubmitter,
+    PermanentSlurmError,
     SlurmClient,
     SlurmError,
     TransientSlurmError,
@@ -89,6 +90,7 @@ class LaunchGuard:
     """Thread-safe per-type backoff; `clock` is injectable for tests (epoch seconds)."""
 
     def __init__(self, errors_path: Path | None, clock: Callable[[], float] = time.time) -> None:
+        self.arrays_refused = False  # the site said no to a job array: single jobs
         self._path = errors_path
         self._clock = clock
         self._lock = threading.Lock()
@@ -208,6 +210,10 @@ def last_log_line(log: Path, max_bytes: int = 8192) -> str:
     return (agent or lines or [""])[-1]
 
 
+class ArraysRefused(PermanentSlurmError):
+    """The site refuses job arrays (MaxArraySize, a submit plugin): submit single jobs."""
+
+
 def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
                    tags: dict[str, str], node_type: str, head: bool,
                    count: int = 1) -> list[str]:
@@ -226,6 +232,8 @@ def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec:
     except HeldBack as e:
         raise launch_error(head, e.category, str(e)) from None
     except SlurmError as e:
+        if count > 1 and isinstance(e, PermanentSlurmError) and "array" in e.slurm_message.lower():
+            raise ArraysRefused(str(e), e.slurm_message, e.command) from e  # nothing queued
         kind = "unavailable" if isinstance(e, TransientSlurmError) else "rejected"
         if kind == "unavailable":
             strays.add(nonce)
@@ -240,11 +248,16 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
                  tags: dict[str, str], node_type: str, head: bool, count: int) -> list[str]:
     """`count` nodes of one type. On a back end that submits arrays (the CLI), ONE
     `sbatch --array` for all of them: each task is a node of its own, id `<array>_<task>`,
-    logging to `<array>_<task>.out`. Elsewhere (REST, pyslurm), one job per node. A single
-    node is always a plain job."""
-    if count > 1 and isinstance(slurm, ArraySubmitter):
+    logging to `<array>_<task>.out`. Elsewhere (REST, pyslurm), and on a site that refuses
+    arrays (asked once), one job per node. A single node is always a plain job."""
+    if count > 1 and isinstance(slurm, ArraySubmitter) and not guard.arrays_refused:
         output = spec.output.replace("%j", "%A_%a") if spec.output else None
-        return guarded_submit(slurm, guard, strays, replace(spec, output=output), tags,
-                              node_type, head, count)
+        try:
+            return guarded_submit(slurm, guard, strays, replace(spec, output=output), tags,
+                                  node_type, head, count)
+        except ArraysRefused as e:
+            guard.arrays_refused = True
+            logger.warning("Slurm refuses job arrays (%s): submitting one job per node",
+                           e.slurm_message)
     return [job_id for _ in range(count)
             for job_id in guarded_submit(slurm, guard, strays, spec, tags, node_type, head)]

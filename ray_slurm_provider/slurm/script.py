@@ -80,6 +80,15 @@ _OPTIONAL = frozenset({"cpus_per_task", "requeue"})  # non-string fields that ma
 #: to the field to use instead.
 RESERVED_OPTIONS: dict[str, str] = {opt: name for name, opt, _, _ in _TYPED}
 RESERVED_OPTIONS["no-requeue"] = "requeue"
+#: Options the provider itself decides, with why (no JobSpec field stands for them).
+PROVIDER_OPTIONS: dict[str, str] = {
+    "array": "the provider submits N nodes of a type as one job array itself",
+    "wait": "sbatch would block the autoscaler until the job ends",
+    "export": "the provider decides which environment the job's agent starts with",
+    "wrap": "the provider's batch script is the job",
+    "parsable": "the provider reads sbatch's answer in its own format",
+    "test-only": "the job would never run",
+}
 # getopt_long takes any unambiguous prefix (`--partit=x` is --partition) but prefers an exact
 # match, so a real option that is also a prefix of a reserved one does not abbreviate it.
 _EXACT_PREFIX_OPTIONS = frozenset({"gpus"})
@@ -133,6 +142,9 @@ def _option_key(name: str, key: object) -> str:
     for opt, owner in RESERVED_OPTIONS.items():
         if key == opt or (opt.startswith(key) and key not in _EXACT_PREFIX_OPTIONS):
             raise _fail(name, key, f"not --{opt} or a prefix of it: set JobSpec.{owner} instead")
+    for opt, why in PROVIDER_OPTIONS.items():
+        if key == opt or (opt.startswith(key) and len(key) >= 3):
+            raise _fail(name, key, f"not --{opt} or a prefix of it: the provider owns it ({why})")
     return _value(name, key, _OPTION_KEY.pattern, "an option name")
 
 

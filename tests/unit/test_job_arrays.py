@@ -6,6 +6,7 @@ with `proc.run` replaced, and the provider, agent and runner against FakeSlurm.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,29 @@ def test_status_orders_array_tasks_by_array_then_task() -> None:
     ids = ["12_10", "9", "12_2", "100", "12_0"]
     jobs = [Job(job_id=i, name="ray-c", state="RUNNING") for i in ids]
     assert [j.job_id for j in sorted(jobs, key=_order)] == ["9", "12_0", "12_2", "12_10", "100"]
+
+
+def test_a_site_that_refuses_arrays_gets_single_jobs_without_a_back_off(tmp_path: Path) -> None:
+    """Issue 14.11: a refused array held the type back for minutes; the provider now falls
+    back to one job per node, at once and for the rest of its life."""
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
+    from ray_slurm_provider.slurm.client import PermanentSlurmError
+    from tests.unit.test_provider import WORKER_TAGS
+
+    class NoArrays(FakeSlurm):
+        def submit_array(self, spec: Any, count: int, *, comment: str = "") -> list[str]:
+            self.calls["submit_array"] += 1
+            raise PermanentSlurmError(
+                "sbatch failed", "sbatch: error: Batch job submission failed: Invalid job "
+                "array specification", "sbatch")
+
+    p = SlurmNodeProvider({"type": "external", "state_dir": str(tmp_path / "state"),
+                           "python": "/py"}, "c1")
+    f = NoArrays()
+    p._client = f
+    first = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 3, {"CPU": 1}, {})
+    second = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 2, {"CPU": 1}, {})
+    assert len(first) == 3 and len(second) == 2 and all("_" not in j for j in [*first, *second])
+    assert f.calls["submit_array"] == 1  # asked once; single jobs from then on
+    assert not (p.cluster_dir.root / "errors.json").exists() or \
+        "cpu_worker" not in json.loads((p.cluster_dir.root / "errors.json").read_text())

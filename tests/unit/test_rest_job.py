@@ -75,7 +75,7 @@ def test_golden_scripts() -> None:
 
 @pytest.mark.parametrize(("fields", "match"), [
     ({"time": "UNLIMITED"}, "cannot say UNLIMITED"),
-    ({"sbatch_options": {"export": "ALL"}}, "--export"),
+    ({"sbatch_options": {"gpu-bind": "closest"}}, "--gpu-bind"),
     ({"extra_directives": ["--mem-per-cpu=lots"]}, "not a memory size"),
     ({"sbatch_options": {"ntasks-per-node": "x"}}, "whole number"),
     ({"sbatch_options": {"wckey": None}}, "--wckey: needs a value"),

@@ -291,3 +291,13 @@ def test_reserved_options_name_the_typed_field(key: str, owner: str) -> None:
     for changes in ({"sbatch_options": {key: "1"}}, {"extra_directives": [f"--{key}=1"]}):
         with pytest.raises(ScriptError, match=rf"set JobSpec\.{owner} instead"):
             validate(_spec(**changes))
+
+
+@pytest.mark.parametrize("option", ["array", "wait", "export", "wrap", "parsable", "test-only",
+                                    "arr", "expo"])
+def test_options_the_provider_owns_are_refused(option: str) -> None:
+    """Issue 14.11: `array` would nest inside the provider's own arrays, `wait` would block
+    the autoscaler's submit, `export` changes what environment the agent starts with."""
+    for spec in (_spec(sbatch_options={option: "1"}), _spec(extra_directives=[f"--{option}=1"])):
+        with pytest.raises(ScriptError, match="the provider"):
+            render(spec)
