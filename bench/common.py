@@ -399,12 +399,10 @@ class Cluster:
         return time.monotonic() - t0
 
     def head(self) -> dict[str, Any]:
-        from ray_slurm_provider.state import read_json
-
-        info = read_json(self.cdir.head_info)
+        info = self.cdir.read_head()
         if not info:
-            raise RuntimeError(f"no head info in {self.cdir.head_info}")
-        return dict(info)
+            raise RuntimeError(f"no head info in {self.cdir.head_file}")
+        return info.to_dict()
 
     @property
     def dashboard(self) -> str:

@@ -31,7 +31,14 @@ from ray_slurm_provider.agent.container import NodeContainer
 from ray_slurm_provider.agent.raystart import ray_start_argv
 from ray_slurm_provider.nodespec import NodeSpec, log, node_id, wait_port_free
 from ray_slurm_provider.slurm.client import SlurmError
-from ray_slurm_provider.state import ClusterDir, read_json, write_json
+from ray_slurm_provider.state import (
+    AgentInfo,
+    ClusterDir,
+    HeadInfo,
+    RayUp,
+    StartRequest,
+    StartResult,
+)
 
 STARTED_MARKER = "Ray runtime started"
 
@@ -45,7 +52,7 @@ class Agent:
         self.cdir = ClusterDir(spec.state_dir, spec.cluster_name)
         self.ndir = self.cdir.node(self.node_id)
         self.child: Any = None
-        self.head_job: Any = None  # the head's job id this worker joined
+        self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
         self.interrupted = False
         self.temp_dir = f"{spec.temp_dir_root.rstrip('/')}/rsp-{self.job_id}"
@@ -80,8 +87,8 @@ class Agent:
         """A worker outside a container whose head is gone or being cancelled (`ray down`)."""
         if self.spec.kind != "worker" or self.container is not None:
             return False
-        head = read_json(self.cdir.head_info) or {}
-        return self.cdir.teardown.exists() or head.get("job_id") != self.head_job
+        head = self.cdir.read_head()
+        return self.cdir.teardown_marked() or (head.job_id if head else None) != self.head_job
 
     def run_ray(self, argv: list[str], env: dict[str, str], on_started: Any) -> int:
         """Run `ray start --block`; stream its output; call on_started once Ray is up."""
@@ -111,18 +118,18 @@ class Agent:
         list[str], dict[str, str]
     ]:
         ip = self.node_ip()
-        head = read_json(self.cdir.head_info) if self.spec.kind == "worker" else None
+        head = self.cdir.read_head() if self.spec.kind == "worker" else None
         if self.spec.kind == "worker" and not head:
-            raise RuntimeError(f"no running head found ({self.cdir.head_info} missing)")
-        head_ip = ip if head is None else str(head["ip"])
-        self.head_job = head.get("job_id") if head else None
+            raise RuntimeError(f"no running head found ({self.cdir.head_file} missing)")
+        head_ip = ip if head is None else head.ip
+        self.head_job = head.job_id if head else None
         # Ray's per-node overrides come only from this node's own start request.
         inherited = {k: v for k, v in self.env.items()
                      if k not in ("RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS")}
         argv, env = ray_start_argv(
             self.spec, prog, env={**inherited, **extra_env}, job_id=self.node_id, node_ip=ip,
             head_ip=head_ip, temp_dir=self.temp_dir, cluster_dir=self.cdir,
-            head_port=int(head["gcs_port"]) if head else None,
+            head_port=head.gcs_port if head else None,
         )
         if self.container is not None:
             argv, env = self.container.wrap(argv, env)
@@ -130,14 +137,14 @@ class Agent:
 
     def mark_started(self, argv: list[str], env: dict[str, str]) -> None:
         ip = shellcmd.get_flag(argv, "--node-ip-address") or ""
-        write_json(self.ndir / "ray.json", {"ip": ip, "job_id": self.job_id})
+        self.ndir.write_ray_up(RayUp(ip=ip, job_id=self.job_id))
         if self.spec.kind == "head":
-            port = shellcmd.get_flag(argv, "--port") or "6379"
-            write_json(self.cdir.head_info, {
-                "job_id": self.job_id, "ip": ip, "gcs_port": int(port),
-                "dashboard_port": int(shellcmd.get_flag(argv, "--dashboard-port") or 8265),
-                "client_port": int(shellcmd.get_flag(argv, "--ray-client-server-port") or 10001),
-            })
+            self.cdir.write_head(HeadInfo(
+                job_id=self.job_id, ip=ip,
+                gcs_port=int(shellcmd.get_flag(argv, "--port") or "6379"),
+                dashboard_port=int(shellcmd.get_flag(argv, "--dashboard-port") or 8265),
+                client_port=int(shellcmd.get_flag(argv, "--ray-client-server-port") or 10001),
+            ))
         log(f"Ray is up on {ip} (node {self.node_id}, job {self.job_id}, node type "
             f"{self.spec.node_type})")
         if self.spec.kind == "head" and self.container is not None \
@@ -147,11 +154,9 @@ class Agent:
 
     def unmark(self) -> None:
         """Ray is no longer up here."""
-        (self.ndir / "ray.json").unlink(missing_ok=True)
+        self.ndir.clear_ray_up()
         if self.spec.kind == "head":
-            info = read_json(self.cdir.head_info)
-            if info and info.get("job_id") == self.job_id:
-                self.cdir.head_info.unlink(missing_ok=True)
+            self.cdir.clear_head(self.job_id)  # unless a newer head took over
 
     def cleanup(self) -> None:
         self.unmark()
@@ -179,11 +184,11 @@ class Agent:
 
     def watch_head(self) -> None:
         """End this worker's job soon after its head is gone, or its job is (headwatch.py)."""
-        head = read_json(self.cdir.head_info)
+        head = self.cdir.read_head()
         if head:
-            headwatch.start(self.cdir.head_info, dict(head), on_gone=self.on_head_gone,
+            headwatch.start(self.cdir, head, on_gone=self.on_head_gone,
                             alive=lambda: self.child is not None and not self.terminating,
-                            stop_file=self.ndir / "stop")
+                            node=self.ndir)
 
     def on_head_gone(self, reason: str) -> None:
         log(f"{reason}; ending this worker")
@@ -227,49 +232,48 @@ class Agent:
                 if not self.terminating:
                     log("no start command from `ray up` in time; ending the job")
                 return 1
-            handled = str(req["id"])
-            (self.ndir / "stop").unlink(missing_ok=True)
+            handled = req.id
+            self.ndir.clear_stop()
             self.interrupted = False
-            code = self.head_once(req, handled)
+            code = self.head_once(req)
             if self.terminating or not self.interrupted:
                 log(f"Ray exited with code {code}; the job ends")
                 return code
             log("Ray stopped on request; waiting for the next start command")
         return 0
 
-    def wait_for_request(self, handled: str) -> dict[str, Any] | None:
+    def wait_for_request(self, handled: str) -> StartRequest | None:
         deadline = time.monotonic() + self.spec.head_start_timeout_s
         while not self.terminating and time.monotonic() < deadline:
-            req = read_json(self.ndir / "start.json")
-            if req and str(req.get("id")) != handled:
-                return dict(req)
+            req = self.ndir.read_start()
+            if req and req.id != handled:
+                return req
             time.sleep(0.2)
         return None
 
     def watch(self, req_id: str) -> None:
         """While Ray runs: a `stop` file or a newer start request stops it (not the job)."""
         while self.child is not None and self.child.poll() is None:
-            req = read_json(self.ndir / "start.json") or {}
-            if (self.ndir / "stop").exists() or str(req.get("id", req_id)) != req_id:
+            req = self.ndir.read_start()
+            if self.ndir.stop_requested() or (req is not None and req.id != req_id):
                 self.interrupted = True
                 log("stop requested: stopping this job's Ray")
                 self.child.send_signal(signal.SIGTERM)
                 return
             time.sleep(0.5)
 
-    def head_once(self, req: dict[str, Any], req_id: str) -> int:
-        prog = shellcmd.Program(exports=dict(req.get("exports", {})),
-                               before=list(req.get("before", [])),
-                               ray_start=list(req["ray_start"]))
+    def head_once(self, req: StartRequest) -> int:
+        prog = shellcmd.Program(exports=dict(req.exports), before=list(req.before),
+                                ray_start=list(req.ray_start))
         try:
-            argv, env = self.build(prog, dict(req.get("env", {})))
+            argv, env = self.build(prog, dict(req.env))
             # After a restart, the previous GCS may still hold its port for a moment.
             wait_port_free(shellcmd.get_flag(argv, "--node-ip-address") or "127.0.0.1",
                            int(shellcmd.get_flag(argv, "--port") or 6379), 60.0)
             self.run_before(prog.before, env)
         except (RuntimeError, proc.CommandError) as e:
             log(f"head start failed: {e}")
-            write_json(self.ndir / "result.json", {"id": req_id, "ok": False, "error": str(e)})
+            self.ndir.write_result(StartResult(req.id, ok=False, error=str(e)))
             self.interrupted = True  # let `ray up` try again
             return 1
 
@@ -279,8 +283,8 @@ class Agent:
             nonlocal started
             started = True
             self.mark_started(argv, env)
-            write_json(self.ndir / "result.json", {"id": req_id, "ok": True})
-            threading.Thread(target=self.watch, args=(req_id,), daemon=True).start()
+            self.ndir.write_result(StartResult(req.id, ok=True))
+            threading.Thread(target=self.watch, args=(req.id,), daemon=True).start()
 
         # A busy node can make Ray's own start-up deadlines fire ("The current node timed
         # out during startup"): retry like a worker does before telling `ray up` it failed.
@@ -298,21 +302,19 @@ class Agent:
                 log(str(e))
                 break
         self.unmark()
-        result = read_json(self.ndir / "result.json") or {}
-        if result.get("id") != req_id:
-            write_json(self.ndir / "result.json",
-                       {"id": req_id, "ok": False, "error": f"ray start exited with {code}"})
+        result = self.ndir.read_result()
+        if result is None or result.id != req.id:
+            self.ndir.write_result(StartResult(req.id, ok=False,
+                                               error=f"ray start exited with {code}"))
             self.interrupted = True
         return code
 
     def main(self) -> int:
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGINT, self.on_term)
-        self.ndir.mkdir(parents=True, exist_ok=True)
-        write_json(self.ndir / "agent.json", {
-            "host": self.env.get("SLURMD_NODENAME", ""), "pid": os.getpid(),
-            "kind": self.spec.kind, "job_id": self.job_id,
-        })
+        self.ndir.write_agent(AgentInfo(host=self.env.get("SLURMD_NODENAME", ""),
+                                        pid=os.getpid(), kind=self.spec.kind,
+                                        job_id=self.job_id))
         try:
             try:
                 self.prepare_container()

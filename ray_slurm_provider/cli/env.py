@@ -11,7 +11,7 @@ import yaml
 
 from ray_slurm_provider import auth
 from ray_slurm_provider.config import parse_provider
-from ray_slurm_provider.state import ClusterDir, read_json
+from ray_slurm_provider.state import ClusterDir
 
 
 def load_cluster(path: str) -> tuple[dict[str, Any], ClusterDir]:
@@ -24,19 +24,19 @@ def env_lines(path: str) -> list[str]:
     """Shell lines that point Ray's client tools at the cluster (with its auth token)."""
     cfg, cdir = load_cluster(path)
     pcfg = parse_provider(cfg.get("provider") or {})
-    head = read_json(cdir.head_info)
+    head = cdir.read_head()
     if not head:
         raise SystemExit(f"cluster {cfg['cluster_name']!r} has no running head "
-                         f"({cdir.head_info} missing): run `ray up {path}` first")
-    dash = f"http://{head['ip']}:{head['dashboard_port']}"
+                         f"({cdir.head_file} missing): run `ray up {path}` first")
+    dash = f"http://{head.ip}:{head.dashboard_port}"
     env = {
         "RAY_ADDRESS": dash,
         "RAY_DASHBOARD_URL": dash,
-        "RAY_GCS_ADDRESS": f"{head['ip']}:{head['gcs_port']}",
+        "RAY_GCS_ADDRESS": f"{head.ip}:{head.gcs_port}",
         **auth.auth_env(pcfg.auth.mode, cdir.root / auth.TOKEN_FILE),
     }
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines.append(f"# From a laptop: ssh -L 8265:{head['ip']}:{head['dashboard_port']} "
+    lines.append(f"# From a laptop: ssh -L 8265:{head.ip}:{head.dashboard_port} "
                  "<login node>, then open http://localhost:8265")
     return lines
 

@@ -71,11 +71,11 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
 def status_data(cluster: Cluster) -> dict[str, Any]:
     jobs = cluster.client.list_jobs(cluster.job_name)  # the one Slurm call
     rows = node_rows(cluster, jobs)
-    head = read_json(cluster.cdir.head_info)
+    head = cluster.cdir.read_head()
     errors = read_json(cluster.cdir.root / "errors.json")  # launch_guard.py
     return {"cluster": cluster.name, "job_name": cluster.job_name, "nodes": rows,
             "other_jobs": len(jobs) - len(rows),
-            "head": head if isinstance(head, dict) else None,
+            "head": head.to_dict() if head else None,
             "launch_errors": errors if isinstance(errors, dict) else {}}
 
 
@@ -131,10 +131,10 @@ def resolve_job(cluster: Cluster, job: str | None) -> str | None:
     if job in (None, ""):
         return None
     if job == "head":
-        head = read_json(cluster.cdir.head_info)
-        if not isinstance(head, dict) or not head.get("job_id"):
-            raise CommandError(f"no running head recorded in {cluster.cdir.head_info}")
-        return str(head["job_id"])
+        head = cluster.cdir.read_head()
+        if not head or not head.job_id:
+            raise CommandError(f"no running head recorded in {cluster.cdir.head_file}")
+        return head.job_id
     if not str(job).isdigit():
         raise CommandError(f"{job!r} is not a Slurm job id (or `head`)")
     return str(job)

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
@@ -35,7 +35,7 @@ from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.provider.forward import forward_all
 from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.state import StartRequest
 
 if TYPE_CHECKING:
     from ray_slurm_provider.provider.provider import SlurmNodeProvider
@@ -75,7 +75,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         self.ndir = self.cdir.node(node_id)
 
     # --- helpers ------------------------------------------------------------------------
-    def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> None:
+    def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> NoReturn:
         if exit_on_fail:
             raise click.ClickException(f"{msg}: {cmd}")
         raise runner_error(msg, code, cmd)
@@ -88,7 +88,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         deadline = time.monotonic() + wait_s
         next_query = 0.0
         while True:
-            if (self.ndir / "agent.json").exists():
+            if self.ndir.agent_up():
                 return
             now = time.monotonic()
             if now >= deadline:
@@ -114,8 +114,8 @@ class SrunCommandRunner(CommandRunnerInterface):
 
     def job_id(self) -> str:
         """The numeric id (22.05's srun refuses an array task's `123_4`): agent.json's."""
-        agent = read_json(self.ndir / "agent.json") or {} if "_" in self.node_id else {}
-        return str(agent.get("job_id") or self.node_id)
+        agent = self.ndir.read_agent() if "_" in self.node_id else None
+        return agent.job_id if agent and agent.job_id else self.node_id
 
     def container(self) -> tuple[Runtime, RunContext] | None:
         """The runtime and context of this node's container, or None without one."""
@@ -135,10 +135,10 @@ class SrunCommandRunner(CommandRunnerInterface):
         # SLURM_* variables; the Ray tools the step runs need the cluster's auth settings.
         token = self.cdir.root / auth.TOKEN_FILE
         a = auth.auth_env(self.provider.pcfg.auth.mode, token)
-        head = read_json(self.cdir.head_info) or {}
+        head = self.cdir.read_head()
         extra = dict(a)
         if head:
-            extra["RAY_ADDRESS"] = f"{head['ip']}:{head['gcs_port']}"
+            extra["RAY_ADDRESS"] = f"{head.ip}:{head.gcs_port}"
         return proc.clean_env(drop_prefixes=("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"),
                               keep=("SLURM_CONF",), extra=extra)
 
@@ -157,12 +157,12 @@ class SrunCommandRunner(CommandRunnerInterface):
     ) -> Any:
         fwd = []
         if port_forward:
-            head = read_json(self.cdir.head_info)
+            head = self.cdir.read_head()
             if not head:
                 self._fail("the head's Ray is not up, nothing to forward to", None,
                            str(port_forward), exit_on_fail)
             ports = port_block(self.provider.cluster_name, self.provider.pcfg.ports.base)
-            fwd = forward_all(port_forward, head["ip"], {DEFAULT_DASHBOARD_PORT: ports.dashboard})
+            fwd = forward_all(port_forward, head.ip, {DEFAULT_DASHBOARD_PORT: ports.dashboard})
             for f in fwd:
                 print(f"Forwarding 127.0.0.1:{f.local_port} -> {f.host}:{f.remote_port}")
         try:
@@ -222,24 +222,24 @@ class SrunCommandRunner(CommandRunnerInterface):
                 timeout: int) -> None:
         """Give `ray start` to the head's agent and wait for Ray to come up."""
         self._check_alive()
+        assert prog.ray_start is not None
         req_id = uuid.uuid4().hex
-        env_s = {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-                 for k, v in (env or {}).items()}
-        write_json(self.ndir / "start.json", {
-            "id": req_id, "exports": prog.exports, "env": env_s, "before": prog.before,
-            "ray_start": prog.ray_start,
-        }, mode=0o600)
+        self.ndir.write_start(StartRequest(
+            id=req_id, ray_start=prog.ray_start, exports=prog.exports,
+            env={k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+                 for k, v in (env or {}).items()},
+            before=prog.before))
         print(f"{self.log_prefix}Starting Ray in the batch step of Slurm job {self.node_id}")
         deadline = time.monotonic() + max(timeout, 600)
         next_query = time.monotonic() + 5.0
         while time.monotonic() < deadline:
-            res = read_json(self.ndir / "result.json")
-            if res and res.get("id") == req_id:
-                if res.get("ok"):
+            res = self.ndir.read_result()
+            if res and res.id == req_id:
+                if res.ok:
                     self._announce()
                     return
                 raise runner_error(
-                    f"ray start failed in job {self.node_id}: {res.get('error')} "
+                    f"ray start failed in job {self.node_id}: {res.error} "
                     f"(log: {self.cdir.log(self.node_id)})",
                     1, "ray start")
             if time.monotonic() >= next_query:
@@ -254,20 +254,20 @@ class SrunCommandRunner(CommandRunnerInterface):
             1, "ray start")
 
     def _announce(self) -> None:
-        head = read_json(self.cdir.head_info) or {}
+        head = self.cdir.read_head()
         if head:
-            print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head['ip']}.\n"
-                  f"  Dashboard:   http://{head['ip']}:{head['dashboard_port']}\n"
-                  f"  GCS address: {head['ip']}:{head['gcs_port']}\n"
+            print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head.ip}.\n"
+                  f"  Dashboard:   http://{head.ip}:{head.dashboard_port}\n"
+                  f"  GCS address: {head.ip}:{head.gcs_port}\n"
                   f"  Use it from this shell: eval \"$(ray-slurm env CLUSTER.yaml)\"")
 
     def stop_ray(self, timeout: float = 60.0) -> None:
         """`ray stop`, scoped to this job: the agent stops its own Ray and nothing else."""
-        if not (self.ndir / "ray.json").exists():
+        if not self.ndir.ray_up():
             return
-        (self.ndir / "stop").touch()
+        self.ndir.request_stop()
         deadline = time.monotonic() + timeout
-        while (self.ndir / "ray.json").exists() and time.monotonic() < deadline:
+        while self.ndir.ray_up() and time.monotonic() < deadline:
             time.sleep(0.2)
 
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:

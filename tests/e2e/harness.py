@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from ray_slurm_provider.ports import port_block
-from ray_slurm_provider.state import ClusterDir, read_json
+from ray_slurm_provider.state import ClusterDir
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -93,9 +93,9 @@ class RayCluster:
         return time.monotonic() - t0
 
     def head(self) -> dict[str, Any]:
-        info = read_json(self.cdir.head_info)
-        assert info, f"no head info in {self.cdir.head_info}"
-        return dict(info)
+        info = self.cdir.read_head()
+        assert info, f"no head info in {self.cdir.head_file}"
+        return info.to_dict()
 
     @property
     def dashboard(self) -> str:

@@ -11,7 +11,7 @@ import pytest
 from ray_slurm_provider.agent import agent as node
 from ray_slurm_provider.agent.agent import Agent
 from ray_slurm_provider.nodespec import NodeSpec
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.state import HeadInfo, StartRequest, read_json
 
 
 class FakeChild:
@@ -35,7 +35,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[FakeCh
                     state_dir=str(tmp_path), ports_base=25000, attempts=attempts,
                     temp_dir_root=str(tmp_path / "tmp"))
     a = Agent(spec, {"SLURM_JOB_ID": "9", "SLURM_CPUS_ON_NODE": "1", "HOME": str(tmp_path)})
-    write_json(a.cdir.head_info, {"ip": "127.0.0.2", "gcs_port": 25000, "job_id": "1"})
+    a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     started: list[list[str]] = []
 
     def start(argv: list[str], env: Any = None) -> FakeChild:
@@ -59,13 +59,13 @@ def test_failed_starts_are_retried_then_ray_runs(tmp_path: Path,
 
     def mark(argv: list[str], env: dict[str, str]) -> None:
         orig(argv, env)
-        seen["ray"] = read_json(a.ndir / "ray.json")
+        seen["ray"] = read_json(a.ndir.path / "ray.json")  # the JSON other processes read
 
     a.mark_started = mark  # type: ignore[method-assign]
     assert a.main() == 0
     assert len(started) == 3
     assert seen["ray"] == {"ip": "127.0.0.3", "job_id": "9"}
-    assert not (a.ndir / "ray.json").exists()  # Ray gone -> no longer reported up
+    assert not a.ndir.ray_up()  # Ray gone -> no longer reported up
 
 
 def test_gives_up_and_ends_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -79,7 +79,7 @@ def test_gives_up_and_ends_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_worker_without_head_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     a, started = agent(tmp_path, monkeypatch, [], attempts=1)
-    a.cdir.head_info.unlink()
+    a.cdir.clear_head()
     assert a.main() == 1 and started == []
     assert "no running head found" in capsys.readouterr().out
 
@@ -96,7 +96,6 @@ def test_head_start_is_retried_before_ray_up_hears_of_it(
     monkeypatch.setattr(node.time, "sleep", lambda s: None)
     monkeypatch.setattr(node, "wait_port_free", lambda *args: None)
     monkeypatch.setattr(Agent, "watch", lambda self, req_id: None)
-    req = {"id": "r1", "ray_start": ["ray", "start", "--head"], "exports": {}, "env": {}}
-    assert a.head_once(req, "r1") == 0
+    assert a.head_once(StartRequest(id="r1", ray_start=["ray", "start", "--head"])) == 0
     assert children == []
-    assert read_json(a.ndir / "result.json") == {"id": "r1", "ok": True}
+    assert read_json(a.ndir.path / "result.json") == {"id": "r1", "ok": True}

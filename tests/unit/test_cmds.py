@@ -17,7 +17,7 @@ from ray_slurm_provider.config import parse_node_config
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
-from ray_slurm_provider.state import ClusterDir, write_json
+from ray_slurm_provider.state import ClusterDir, HeadInfo, RayUp
 from ray_slurm_provider.units import fmt_duration as duration
 from tests.fakes import FakeSlurm
 
@@ -115,9 +115,8 @@ def test_status_rows_from_one_listing(tmp_path: Path) -> None:
     fake.set_state(worker, "PENDING", "Resources")
     fake.clock.advance(60)
     c.cdir.create()
-    write_json(c.cdir.node(head) / "ray.json", {"ip": "127.0.0.3"})
-    write_json(c.cdir.head_info, {"ip": "127.0.0.3", "dashboard_port": 8265, "gcs_port": 1,
-                                  "job_id": head})
+    c.cdir.node(head).write_ray_up(RayUp(ip="127.0.0.3", job_id=head))
+    c.cdir.write_head(HeadInfo(job_id=head, ip="127.0.0.3", gcs_port=1, dashboard_port=8265))
     data = status.status_data(c)
     assert fake.calls["list_jobs"] == 1 and data["other_jobs"] == 1
     rows = {r["job_id"]: r for r in data["nodes"]}

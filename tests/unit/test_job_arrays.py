@@ -16,7 +16,7 @@ from ray_slurm_provider.provider.runner import SrunCommandRunner
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import ArraySubmitter, ClusterInfo, Job
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import AgentInfo
 from tests.fakes import FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
 from tests.unit.test_slurm_cli import FakeRun, recorded
@@ -210,8 +210,7 @@ def test_runner_sruns_into_the_task_by_its_numeric_id(tmp_path: Path) -> None:
     f.start("1000_1")
     p.non_terminated_nodes({})
     r = SrunCommandRunner(p, "1000_1")
-    write_json(r.ndir / "agent.json", {"host": "n1", "pid": 1, "kind": "worker",
-                                       "job_id": "1003"})
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="1003"))
     assert "--jobid=1003" in r.srun_argv("true")
     (hid,) = p.create_node({}, HEAD_TAGS, 1)
     assert f"--jobid={hid}" in SrunCommandRunner(p, hid).srun_argv("true")

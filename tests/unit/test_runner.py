@@ -11,7 +11,7 @@ import pytest
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.provider.runner import SrunCommandRunner
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.state import AgentInfo, RayUp, StartResult, read_json
 from tests.unit.test_provider import HEAD_TAGS, make
 
 
@@ -22,7 +22,7 @@ def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SrunCommand
     f.start(head, "n1")
     p.non_terminated_nodes({})
     r = p.get_command_runner("", head, {}, "c1", None, True)
-    write_json(r.ndir / "agent.json", {"host": "n1"})
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="head", job_id=head))
     calls: list[list[str]] = []
 
     def run(argv: list[str], **kw: Any) -> proc.Result:
@@ -57,12 +57,12 @@ def test_step_env_drops_the_callers_job_variables(tmp_path: Path,
 
 def test_ray_stop_never_runs_bare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r, calls = runner(tmp_path, monkeypatch)
-    write_json(r.ndir / "ray.json", {"ip": "x"})
+    r.ndir.write_ray_up(RayUp(ip="x", job_id=r.node_id))
 
     def agent_stops() -> None:  # what the head agent does when it sees the stop file
-        while not (r.ndir / "stop").exists():
+        while not r.ndir.stop_requested():
             pass
-        (r.ndir / "ray.json").unlink()
+        r.ndir.clear_ray_up()
 
     t = threading.Thread(target=agent_stops)
     t.start()
@@ -75,20 +75,20 @@ def test_ray_start_is_handed_to_the_agent(tmp_path: Path, monkeypatch: pytest.Mo
     r, calls = runner(tmp_path, monkeypatch)
 
     def agent_answers() -> None:
-        while not (req := read_json(r.ndir / "start.json")):
+        while not (req := r.ndir.read_start()):
             pass
-        write_json(r.ndir / "result.json", {"id": req["id"], "ok": True})
+        r.ndir.write_result(StartResult(req.id, ok=True))
 
     t = threading.Thread(target=agent_answers)
     t.start()
     r.run("export RAY_CLOUD_INSTANCE_ID=5; ray start --head --port=1",
           environment_variables={"RAY_OVERRIDE_RESOURCES": {"CPU": 0}})
     t.join(5)
-    req = read_json(r.ndir / "start.json")
+    req = read_json(r.ndir.path / "start.json")  # the JSON the agent reads
     assert req["ray_start"] == ["ray", "start", "--head", "--port=1"]
     assert req["exports"] == {"RAY_CLOUD_INSTANCE_ID": "5"}
     assert req["env"] == {"RAY_OVERRIDE_RESOURCES": '{"CPU":0}'}
-    assert (r.ndir / "start.json").stat().st_mode & 0o777 == 0o600
+    assert (r.ndir.path / "start.json").stat().st_mode & 0o777 == 0o600
     assert calls == []
 
 
@@ -99,3 +99,4 @@ def test_rsync_maps_the_bootstrap_config_per_cluster(tmp_path: Path,
     src.write_text("{}")
     r.run_rsync_up(str(src), "~/ray_bootstrap_config.yaml")
     assert r.cdir.bootstrap_config.read_text() == "{}"
+
