@@ -39,6 +39,8 @@ class NodeSpec:
     object_store_fraction: float = 0.3
     container: dict[str, Any] = field(default_factory=dict)  # ContainerConfig as a dict
     env_names: list[str] = field(default_factory=list)  # user env for the container
+    slurm_api: str = "cli"  # provider.slurm_api: the agent asks Slurm the same way
+    rest: dict[str, Any] = field(default_factory=dict)  # RestConfig as a dict
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

@@ -28,9 +28,13 @@ from typing import Any
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent import headwatch
 from ray_slurm_provider.agent.container import NodeContainer
+from ray_slurm_provider.agent.netaddr import node_ip
 from ray_slurm_provider.agent.raystart import ray_start_argv
+from ray_slurm_provider.config import ProviderConfig, load
+from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.nodespec import NodeSpec, log, node_id, wait_port_free
-from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.slurm.client import SlurmClient, SlurmError
+from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import (
     AgentInfo,
     ClusterDir,
@@ -43,6 +47,12 @@ from ray_slurm_provider.state import (
 STARTED_MARKER = "Ray runtime started"
 
 
+def slurm_client(spec: NodeSpec) -> SlurmClient:
+    """The Slurm client of the cluster's `provider.slurm_api` (never talks to Slurm yet)."""
+    return make_client(load(ProviderConfig, {"slurm_api": spec.slurm_api, "rest": spec.rest},
+                            "provider"))
+
+
 class Agent:
     def __init__(self, spec: NodeSpec, env: dict[str, str]) -> None:
         self.spec = spec
@@ -51,11 +61,12 @@ class Agent:
         self.node_id = node_id(env)  # what the provider lists: the state dir, Ray's instance id
         self.cdir = ClusterDir(spec.state_dir, spec.cluster_name)
         self.ndir = self.cdir.node(self.node_id)
+        self.slurm = slurm_client(spec)
         self.child: Any = None
         self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
         self.interrupted = False
-        self.temp_dir = f"{spec.temp_dir_root.rstrip('/')}/rsp-{self.job_id}"
+        self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id)
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
@@ -64,9 +75,7 @@ class Agent:
 
     # --- plumbing -------------------------------------------------------------------------
     def node_ip(self) -> str:
-        from ray_slurm_provider.agent.netaddr import node_ip
-
-        return node_ip(self.env, self.spec.node_ip_interface)
+        return node_ip(self.env, self.spec.node_ip_interface, self.slurm)
 
     def on_term(self, signum: int, _frame: Any) -> None:
         self.terminating = True
@@ -171,9 +180,7 @@ class Agent:
         self.container.prepare()
 
         def active() -> set[str]:
-            from ray_slurm_provider.slurm.cli import CliSlurmClient
-
-            jobs = CliSlurmClient().list_jobs(f"ray-{self.spec.cluster_name}")
+            jobs = self.slurm.list_jobs(job_name(self.spec.cluster_name))
             # Containers carry the numeric SLURM_JOB_ID (as the site epilog sees it).
             return {j.numeric_id for j in jobs if j.active}
 

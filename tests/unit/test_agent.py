@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from ray_slurm_provider.agent import agent as node
-from ray_slurm_provider.agent.agent import Agent
+from ray_slurm_provider.agent.agent import Agent, slurm_client
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.state import HeadInfo, StartRequest, read_json
+from tests.fakes import FakeSlurm
 
 
 class FakeChild:
@@ -99,3 +100,53 @@ def test_head_start_is_retried_before_ray_up_hears_of_it(
     assert a.head_once(StartRequest(id="r1", ray_start=["ray", "start", "--head"])) == 0
     assert children == []
     assert read_json(a.ndir.path / "result.json") == {"id": "r1", "ok": True}
+
+# --- the agent asks Slurm the way the cluster is configured -------------------------------
+
+
+def test_jobs_carry_the_clusters_slurm_client_to_the_agent(tmp_path: Path) -> None:
+    from ray_slurm_provider.config import NodeConfig, ProviderConfig, RestConfig
+    from ray_slurm_provider.jobs import NodeCommands, build_job
+    from ray_slurm_provider.slurm.rest.client import RestSlurmClient
+
+    rest = RestConfig(url="http://rest:6820", jwt_file=str(tmp_path / "jwt"), user="me")
+    job = build_job(pcfg=ProviderConfig(slurm_api="rest", rest=rest,
+                                        state_dir=str(tmp_path)),
+                    cluster_name="c1", node_type="w", kind="worker", ncfg=NodeConfig(),
+                    resources={"CPU": 1}, labels={}, commands=NodeCommands(), python="py")
+    spec = NodeSpec.from_json(job.command[-1])
+    assert spec.slurm_api == "rest"
+    assert spec.rest == {"url": "http://rest:6820", "jwt_file": str(tmp_path / "jwt"),
+                         "jwt_env": "SLURM_JWT", "user": "me"}
+    client = slurm_client(spec)
+    assert isinstance(client, RestSlurmClient)
+    assert (client.base_url, client.user) == ("http://rest:6820", "me")
+
+
+def test_a_spec_from_before_the_client_choice_uses_the_cli(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
+
+    old = ('{"kind":"worker","node_type":"w","cluster_name":"c1","ports_base":25000,'
+           f'"state_dir":"{tmp_path}"}}')
+    spec = NodeSpec.from_json(old)
+    assert (spec.slurm_api, spec.rest) == ("cli", {})
+    assert isinstance(slurm_client(spec), CliSlurmClient)
+
+
+def test_node_address_and_container_sweep_ask_the_agents_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"),
+                    container={"runtime": "docker", "image": "img"})
+    a = Agent(spec, {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1", "HOME": str(tmp_path)})
+    fake = FakeSlurm()
+    a.slurm = fake
+    assert a.node_ip() == fake.nodes["n1"].addr
+    other = fake.submit("#!/bin/bash\n", job_name="ray-c1")
+    assert a.container is not None
+    swept: list[set[str]] = []
+    monkeypatch.setattr(a.container, "prepare", lambda: None)
+    monkeypatch.setattr(a.container, "sweep", lambda active: swept.append(active()))
+    a.prepare_container()
+    assert swept == [{other}] and fake.calls["list_jobs"] == 1
+
