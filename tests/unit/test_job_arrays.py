@@ -192,14 +192,14 @@ def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
 
 
 def test_agent_node_id_from_slurm_environment(tmp_path: Path) -> None:
-    from ray_slurm_provider.agent.agent import Agent
+    from ray_slurm_provider.agent.worker import WorkerAgent
 
     assert node_id({"SLURM_JOB_ID": "12"}) == "12"
     env = {"SLURM_JOB_ID": "15", "SLURM_ARRAY_JOB_ID": "11", "SLURM_ARRAY_TASK_ID": "3"}
     assert node_id(env) == "11_3"
     spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
-    a = Agent(spec, {**env, "HOME": str(tmp_path)})
+    a = WorkerAgent(spec, {**env, "HOME": str(tmp_path)})
     assert a.ndir == a.cdir.node("11_3")  # what the provider lists
     assert a.job_id == "15" and a.temp_dir.endswith("/rsp-15")  # numeric, as containers
 

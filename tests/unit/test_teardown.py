@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.agent import agent as node
+from ray_slurm_provider.agent.__main__ import agent_for
 from ray_slurm_provider.agent.agent import Agent
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.state import HeadInfo
@@ -58,13 +58,13 @@ def no_kills(monkeypatch: pytest.MonkeyPatch) -> None:
         child.got.append("kill tree")
         return 1
 
-    monkeypatch.setattr(node.proc, "kill_tree", kill_tree)
+    monkeypatch.setattr(proc, "kill_tree", kill_tree)
 
 
 def agent(tmp_path: Path, kind: str = "worker") -> tuple[Agent, Child]:
     spec = NodeSpec(kind=kind, node_type="w", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
-    a = Agent(spec, {"SLURM_JOB_ID": "9", "HOME": str(tmp_path)})
+    a = agent_for(spec, {"SLURM_JOB_ID": "9", "HOME": str(tmp_path)})
     a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     a.head_job = "1"  # as build() records it when the worker joins
     a.child = Child.last = Child()
