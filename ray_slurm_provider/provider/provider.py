@@ -193,6 +193,12 @@ class SlurmNodeProvider(NodeProvider):
         rec = self._record(node_id)
         return dict(rec.tags) if rec else {}
 
+    def node_config(self, node_type: str) -> NodeConfig:
+        """The parsed node_config of a node type (the command runner's view)."""
+        return parse_node_config(
+            self.provider_config.get("_node_types", {}).get(node_type, {}).get("node_config"),
+            node_type)
+
     # None while the job is pending (no node yet), as Ray's cloud providers do.
     def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         rec = self._record(node_id)
