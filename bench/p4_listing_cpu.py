@@ -122,17 +122,17 @@ def make_state(state_dir: str, n: int) -> None:
     """The cluster directory a real cluster of that size has (as seen on the sandbox under
     autoscaler v2): agent.json and ray.json of every running worker, tags.json only for the
     head (Ray sets worker tags only through node updaters, which this provider disables)."""
-    from ray_slurm_provider.state import ClusterDir, write_json
+    from ray_slurm_provider.state import AgentInfo, ClusterDir, RayUp, write_json
 
     cdir = ClusterDir(state_dir, CLUSTER)
     cdir.create()
-    write_json(cdir.node("100000") / "tags.json", {"ray-node-status": "up-to-date"})
+    write_json(cdir.node("100000").path / "tags.json", {"ray-node-status": "up-to-date"})
     for i in range(1, n):
         if i % 10 == 0:
             continue
         job_id = str(100000 + i)
-        write_json(cdir.node(job_id) / "agent.json", {"host": "n1", "pid": 1, "kind": "worker"})
-        write_json(cdir.node(job_id) / "ray.json", {"ip": "10.0.0.1", "job_id": job_id})
+        cdir.node(job_id).write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id=job_id))
+        cdir.node(job_id).write_ray_up(RayUp(ip="10.0.0.1", job_id=job_id))
 
 
 def main() -> None:

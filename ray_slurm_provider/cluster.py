@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_slurm_provider.config import NodeConfig, ProviderConfig, parse_node_config, parse_provider
+from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
 from ray_slurm_provider.schema import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 #: Where bootstrap puts the node types in the provider section for the head's autoscaler.
 NODE_TYPES_KEY = "_node_types"
 DEFAULT_HEAD_START = ["ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"]
-DEFAULT_WORKER_START = ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
 
 
 def check_name(value: str, path: str) -> str:

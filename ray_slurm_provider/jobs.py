@@ -121,6 +121,8 @@ def build_job(
         object_store_fraction=pcfg.object_store_fraction,
         container=asdict(ncfg.container) if ncfg.container.runtime != "none" else {},
         env_names=sorted({*pcfg.environment, *ncfg.environment}),
+        slurm_api=pcfg.slurm_api,
+        rest=asdict(pcfg.rest),
     )
     # Worker jobs run the YAML's initialization and setup commands themselves; the head's
     # are run by `ray up` through the command runner, as on any other provider.

@@ -1,13 +1,14 @@
-"""What a job needs to start its Ray node (rendered as JSON into the job script), and the
-small helpers the node agent shares with its container side."""
+"""The job -> agent contract: what a job needs to start its Ray node (rendered as JSON into
+the job script), and which node id the job is."""
 
 from __future__ import annotations
 
 import json
-import socket
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+#: A worker's start line when the node type has no `worker_start_ray_commands`.
+DEFAULT_WORKER_START = ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
 
 
 def node_id(env: dict[str, str]) -> str:
@@ -39,6 +40,8 @@ class NodeSpec:
     object_store_fraction: float = 0.3
     container: dict[str, Any] = field(default_factory=dict)  # ContainerConfig as a dict
     env_names: list[str] = field(default_factory=list)  # user env for the container
+    slurm_api: str = "cli"  # provider.slurm_api: the agent asks Slurm the same way
+    rest: dict[str, Any] = field(default_factory=dict)  # RestConfig as a dict
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -47,21 +50,3 @@ class NodeSpec:
     def from_json(cls, text: str) -> NodeSpec:
         return cls(**json.loads(text))
 
-
-def wait_port_free(host: str, port: int, timeout: float) -> None:
-    """Wait until nothing accepts connections on host:port (raise RuntimeError if it stays
-    taken: another cluster on this node owns it; choose `provider.ports.base`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex((host, port)) != 0:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"port {port} on {host} is in use by another process; set "
-                               "provider.ports.base to give this cluster other ports")
-        time.sleep(0.25)
-
-
-def log(msg: str) -> None:
-    print(f"[ray-slurm {time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -75,8 +75,14 @@ class Program:
 
 
 def parse(cmd: str) -> Program:
+    return parse_commands([cmd])
+
+
+def parse_commands(cmds: list[str]) -> Program:
+    """`parse("; ".join(cmds))` without the join: each command is split on its own, as Ray
+    runs each on its own (a quote left open in one cannot swallow the next)."""
     prog = Program()
-    for seg in split_top_level(cmd):
+    for seg in (s for c in cmds for s in split_top_level(c)):
         m = _EXPORT.match(seg)
         words = _words(seg)
         if m and len(words) == 2:

@@ -7,16 +7,21 @@ node and the compute nodes share (the user's home on any HPC site):
     <state_dir>/<cluster>/
         auth_token                 0600 Ray token
         ray_bootstrap_config.yaml  the head's autoscaler config (per cluster, not per user)
-        head.json                  written by the head agent once Ray is up: ip, ports, job id
+        head.json                  HeadInfo: written by the head agent once Ray is up
         teardown                   the head's job was cancelled: workers skip Ray's drain
         logs/<job id>.out          every job's output (an array task's id: <array>_<task>)
         nodes/<job id>/tags.json   tags Ray set after creation (ray-node-status, ...)
         tags.gen                   rewritten with every tags.json: readers skip unchanged ones
-        nodes/<job id>/agent.json  the node agent is alive (host, address)
-        nodes/<job id>/ray.json    Ray is up on that node
-        nodes/<job id>/start.json  `ray up` -> head agent: the start program (handoff)
-        nodes/<job id>/result.json head agent -> `ray up`: how the start went
-        nodes/<job id>/stop        `ray stop` on the head: stop this job's Ray, nothing else
+        nodes/<job id>/agent.json  AgentInfo: the node agent is alive
+        nodes/<job id>/ray.json    RayUp: Ray is up on that node
+        nodes/<job id>/start.json  StartRequest: `ray up` -> head agent, the start program
+        nodes/<job id>/result.json StartResult: head agent -> `ray up`, how the start went
+        nodes/<job id>/stop        stop this job's Ray, nothing else (`ray stop`, or a job
+                                   Slurm ended while its Ray runs)
+
+Every file that crosses a process boundary has one typed reader and writer here (NodeDir,
+ClusterDir). Their JSON must stay as it is: agents of jobs queued with an older release, and
+the other side of each hand-off, read it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,23 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", bound="DataclassInstance")
+
+_AGENT = "agent.json"
+_RAY = "ray.json"
+_START = "start.json"
+_RESULT = "result.json"
+_STOP = "stop"
+_TAGS = "tags.json"
+_HEAD = "head.json"
+_TEARDOWN = "teardown"
 
 
 def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
@@ -51,6 +71,131 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def _read(path: Path, cls: type[R]) -> R | None:
+    """A typed hand-off file, or None when it does not exist; ValueError if malformed. Keys
+    the type does not know are ignored and a missing key takes its field's default (other
+    releases' writers); a missing key without one is malformed."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None
+    names = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError as e:
+        raise ValueError(f"{path}: malformed ({e})") from e
+
+
+# --- what the files hold ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """agent.json: the job's node agent runs (so a job step can run there now)."""
+
+    host: str
+    pid: int
+    kind: str  # "head" | "worker"
+    job_id: str = ""  # the numeric SLURM_JOB_ID (srun's for an array task); older agents: ""
+
+
+@dataclass(frozen=True)
+class RayUp:
+    """ray.json: Ray is up on the node (its presence is what the provider checks)."""
+
+    ip: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """start.json: the head's start program, from `ray up` (the runner) to the head agent."""
+
+    id: str
+    ray_start: list[str]  # argv of `ray start ...`
+    exports: dict[str, str] = field(default_factory=dict)  # raw, still to be expanded
+    env: dict[str, str] = field(default_factory=dict)
+    before: list[str] = field(default_factory=list)  # shell commands to run first
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """result.json: how a start request went, from the head agent back to `ray up`."""
+
+    id: str
+    ok: bool
+    error: str | None = None  # written only with a failure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "ok": self.ok,
+                **({"error": self.error} if self.error is not None else {})}
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """head.json: where the cluster's head runs, written by the head agent once Ray is up."""
+
+    job_id: str
+    ip: str
+    gcs_port: int
+    dashboard_port: int = 8265  # Ray's defaults, as `ray start` has them
+    client_port: int = 10001
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- where they are --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeDir:
+    """One node's files: `nodes/<node id>/` (the id as the provider lists it)."""
+
+    path: Path
+
+    def write_agent(self, info: AgentInfo) -> None:
+        write_json(self.path / _AGENT, asdict(info))
+
+    def read_agent(self) -> AgentInfo | None:
+        return _read(self.path / _AGENT, AgentInfo)
+
+    def agent_up(self) -> bool:
+        return (self.path / _AGENT).exists()
+
+    def write_ray_up(self, up: RayUp) -> None:
+        write_json(self.path / _RAY, asdict(up))
+
+    def read_ray_up(self) -> RayUp | None:
+        return _read(self.path / _RAY, RayUp)
+
+    def ray_up(self) -> bool:
+        return (self.path / _RAY).exists()
+
+    def clear_ray_up(self) -> None:
+        (self.path / _RAY).unlink(missing_ok=True)
+
+    def write_start(self, req: StartRequest) -> None:
+        # 0600: the environment `ray up` passes may hold secrets.
+        write_json(self.path / _START, asdict(req), mode=0o600)
+
+    def read_start(self) -> StartRequest | None:
+        return _read(self.path / _START, StartRequest)
+
+    def write_result(self, res: StartResult) -> None:
+        write_json(self.path / _RESULT, res.to_dict())
+
+    def read_result(self) -> StartResult | None:
+        return _read(self.path / _RESULT, StartResult)
+
+    def request_stop(self) -> None:
+        """Ask the agent to stop this job's Ray (OSError if the node's directory is gone)."""
+        (self.path / _STOP).touch()
+
+    def stop_requested(self) -> bool:
+        return (self.path / _STOP).exists()
+
+    def clear_stop(self) -> None:
+        (self.path / _STOP).unlink(missing_ok=True)
+
+
 class ClusterDir:
     """Paths of one cluster's shared state."""
 
@@ -73,31 +218,52 @@ class ClusterDir:
     def bootstrap_config(self) -> Path:
         return self.root / "ray_bootstrap_config.yaml"
 
-    @property
-    def head_info(self) -> Path:
-        return self.root / "head.json"
-
-    @property
-    def teardown(self) -> Path:
-        """Written when the head's job is cancelled (`ray down`): workers that get SIGTERM
-        then stop Ray at once instead of draining towards a GCS that is going away."""
-        return self.root / "teardown"
-
-    def mark_teardown(self) -> None:
-        try:
-            self.teardown.touch()
-        except OSError:
-            pass  # best effort: workers also see head.json go
-
     def log(self, job_id: str) -> Path:
         return self.logs / f"{job_id}.out"
 
-    def node(self, job_id: str) -> Path:
-        return self.root / "nodes" / job_id
+    def node(self, job_id: str) -> NodeDir:
+        return NodeDir(self.root / "nodes" / job_id)
 
+    # --- head.json -----------------------------------------------------------------------
+    @property
+    def head_file(self) -> Path:
+        return self.root / _HEAD
+
+    def write_head(self, info: HeadInfo) -> None:
+        write_json(self.head_file, info.to_dict())
+
+    def read_head(self) -> HeadInfo | None:
+        """The running head, or None; ValueError if the file is malformed."""
+        return _read(self.head_file, HeadInfo)
+
+    def clear_head(self, job_id: str | None = None) -> None:
+        """Remove head.json; with `job_id`, only while it still names that job (a newer head
+        may have taken over)."""
+        if job_id is not None:
+            info = self.read_head()
+            if info is None or info.job_id != job_id:
+                return
+        self.head_file.unlink(missing_ok=True)
+
+    # --- teardown --------------------------------------------------------------------------
+    def mark_teardown(self) -> None:
+        """Written when the head's job is cancelled (`ray down`): workers that get SIGTERM
+        then stop Ray at once instead of draining towards a GCS that is going away."""
+        try:
+            (self.root / _TEARDOWN).touch()
+        except OSError:
+            pass  # best effort: workers also see head.json go
+
+    def teardown_marked(self) -> bool:
+        return (self.root / _TEARDOWN).exists()
+
+    def clear_teardown(self) -> None:
+        (self.root / _TEARDOWN).unlink(missing_ok=True)
+
+    # --- tags and node state ---------------------------------------------------------------
     def tags(self, job_id: str) -> dict[str, str]:
         try:
-            with open(f"{self._nodes_dir}/{job_id}/tags.json") as f:
+            with open(f"{self._nodes_dir}/{job_id}/{_TAGS}") as f:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
@@ -105,7 +271,7 @@ class ClusterDir:
 
     def set_tags(self, job_id: str, tags: dict[str, str]) -> None:
         merged = {**self.tags(job_id), **tags}
-        write_json(self.node(job_id) / "tags.json", merged)
+        write_json(self.node(job_id).path / _TAGS, merged)
         # Readers in other processes re-read the tags files only when this changed.
         write_json(self.root / "tags.gen", os.urandom(8).hex())
 
@@ -118,12 +284,13 @@ class ClusterDir:
             return ""
 
     def ray_up(self, job_id: str) -> bool:
-        return os.path.exists(f"{self._nodes_dir}/{job_id}/ray.json")
+        """NodeDir.ray_up without building one (per node per tick)."""
+        return os.path.exists(f"{self._nodes_dir}/{job_id}/{_RAY}")
 
     def forget(self, job_ids: list[str]) -> None:
         """Drop the state of nodes that are gone for good."""
         for j in job_ids:
-            shutil.rmtree(self.node(j), ignore_errors=True)
+            shutil.rmtree(self.node(j).path, ignore_errors=True)
 
     def known_nodes(self) -> list[str]:
         d = self.root / "nodes"

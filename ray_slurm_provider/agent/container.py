@@ -1,6 +1,6 @@
 """The node agent's side of containers: load the image, wrap `ray start`, stop and sweep.
 
-Kept apart from node.py so the agent reads the same with or without a container.
+Kept apart from agent.py so the agent reads the same with or without a container.
 """
 
 from __future__ import annotations

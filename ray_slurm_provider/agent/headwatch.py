@@ -21,10 +21,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-from ray_slurm_provider.state import read_json
+from ray_slurm_provider.state import ClusterDir, HeadInfo, NodeDir
 
 PERIOD_S = 2.0  # the files: a stat each on the shared filesystem
 CONNECT_EVERY_S = 5.0  # the GCS port: one TCP connect
@@ -42,14 +40,14 @@ def gcs_accepts(ip: str, port: int, timeout: float = 2.0) -> bool:
 class HeadWatch:
     """One worker's view of its head; `clock` and `connect` are injectable for tests."""
 
-    def __init__(self, head_info: Path, head: dict[str, Any], *, stop_file: Path | None = None,
+    def __init__(self, cdir: ClusterDir, head: HeadInfo, *, node: NodeDir | None = None,
                  grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic,
                  connect: Callable[[str, int], bool] = gcs_accepts) -> None:
-        self.head_info = head_info
-        self.stop_file = stop_file
-        self.job_id = str(head.get("job_id", ""))
-        self.ip = str(head.get("ip", ""))
-        self.port = int(head.get("gcs_port", 0))
+        self.cdir = cdir
+        self.node = node  # whose `stop` file to watch
+        self.job_id = head.job_id
+        self.ip = head.ip
+        self.port = head.gcs_port
         self.grace_s = grace_s
         self._clock = clock
         self._connect = connect
@@ -58,16 +56,16 @@ class HeadWatch:
 
     def check(self) -> str | None:
         """One look; the reason to stop, or None while the head is (or may be) there."""
-        if self.stop_file is not None and self.stop_file.exists():
+        if self.node is not None and self.node.stop_requested():
             return "Slurm no longer counts this job as running (the provider asked it to stop)"
         try:
-            info = read_json(self.head_info)
+            info = self.cdir.read_head()
         except (OSError, ValueError):
             return None  # a shared-filesystem hiccup is no evidence either way
         if info is None:
-            return f"the head's Ray stopped ({self.head_info} was removed)"
-        if str(info.get("job_id")) != self.job_id:
-            return f"another head (job {info.get('job_id')}) replaced head job {self.job_id}"
+            return f"the head's Ray stopped ({self.cdir.head_file} was removed)"
+        if info.job_id != self.job_id:
+            return f"another head (job {info.job_id}) replaced head job {self.job_id}"
         now = self._clock()
         if now < self._next_connect:
             return None
@@ -93,10 +91,10 @@ class HeadWatch:
             sleep(period_s)
 
 
-def start(head_info: Path, head: dict[str, Any], alive: Callable[[], bool],
-          on_gone: Callable[[str], None], stop_file: Path | None = None) -> threading.Thread:
+def start(cdir: ClusterDir, head: HeadInfo, alive: Callable[[], bool],
+          on_gone: Callable[[str], None], node: NodeDir | None = None) -> threading.Thread:
     """Watch in a daemon thread (it ends with the agent)."""
-    watch = HeadWatch(head_info, head, stop_file=stop_file)
+    watch = HeadWatch(cdir, head, node=node)
     t = threading.Thread(target=watch.run, args=(alive, on_gone), daemon=True,
                          name="head-watch")
     t.start()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.config import ProviderConfig
+from ray_slurm_provider.slurm.client import SlurmClient
 
 
 def interface_ip(name: str) -> str:
@@ -23,17 +23,14 @@ def interface_ip(name: str) -> str:
     raise RuntimeError(f"interface {name!r} has no IPv4 address")
 
 
-def node_ip(env: Mapping[str, str], interface: str | None = None,
-            pcfg: ProviderConfig | None = None) -> str:
-    """This job's node address (asked of Slurm through `pcfg.slurm_api`; default: the CLI)."""
+def node_ip(env: Mapping[str, str], interface: str | None, slurm: SlurmClient) -> str:
+    """This job's node address: `interface`'s, else the NodeAddr `slurm` knows the node by."""
     if interface:
         return interface_ip(interface)
-    from ray_slurm_provider.slurm.factory import make_client
-
     name = env.get("SLURMD_NODENAME", "")
     if not name:
         raise RuntimeError("SLURMD_NODENAME is not set: not running inside a Slurm job?")
-    addr = make_client(pcfg).node_addresses().get(name)
+    addr = slurm.node_addresses().get(name)
     if not addr:
         raise RuntimeError(f"Slurm does not know the address of node {name!r}")
     return addr

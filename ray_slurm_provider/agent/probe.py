@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 from ray_slurm_provider.config import ProviderConfig, parse_provider
+from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.slurm.client import SlurmClient, SlurmError
+from ray_slurm_provider.slurm.factory import make_client
 
 
 def client_for(cluster_dir: Path) -> SlurmClient:
@@ -19,14 +21,7 @@ def client_for(cluster_dir: Path) -> SlurmClient:
     boot = cluster_dir / "ray_bootstrap_config.yaml"
     if boot.exists():
         pcfg = parse_provider(json.loads(boot.read_text()).get("provider", {}))
-    try:
-        from ray_slurm_provider.slurm.factory import make_client  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        from ray_slurm_provider.slurm.cli import CliSlurmClient
-
-        return CliSlurmClient()
-    client: SlurmClient = make_client(pcfg)
-    return client
+    return make_client(pcfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ray_slurm_provider.agent.probe CLUSTER_DIR CLUSTER")
         return 2
     try:
-        jobs = client_for(Path(args[0])).list_jobs(f"ray-{args[1]}")
+        jobs = client_for(Path(args[0])).list_jobs(job_name(args[1]))
     except SlurmError as e:
         print(f"Slurm said: {e.slurm_message}")
         return 1

@@ -8,19 +8,18 @@ from typing import Any
 
 from ray_slurm_provider import auth
 from ray_slurm_provider.cli.common import CliError, load_cluster, run_command
-from ray_slurm_provider.state import read_json
 
 
 def env_lines(path: str) -> list[str]:
     """Shell lines that point Ray's client tools at the cluster (with its auth token)."""
     cluster = load_cluster(path)
     pcfg, cdir = cluster.pcfg, cluster.cdir
-    head = read_json(cdir.head_info)
+    head = cdir.read_head()
     if not head:
         raise CliError(f"cluster {cluster.name!r} has no running head "
-                       f"({cdir.head_info} missing): run `ray up {path}` first")
-    dash = f"http://{head['ip']}:{head['dashboard_port']}"
-    gcs = f"{head['ip']}:{head['gcs_port']}"
+                       f"({cdir.head_file} missing): run `ray up {path}` first")
+    dash = f"http://{head.ip}:{head.dashboard_port}"
+    gcs = f"{head.ip}:{head.gcs_port}"
     env = {
         # ray.init() and `ray status` want the GCS address; the jobs CLI and SDK read
         # RAY_API_SERVER_ADDRESS first and want the dashboard's URL.
@@ -31,7 +30,7 @@ def env_lines(path: str) -> list[str]:
         **auth.auth_env(pcfg.auth.mode, cdir.root / auth.TOKEN_FILE),
     }
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines.append(f"# From a laptop: ssh -L 8265:{head['ip']}:{head['dashboard_port']} "
+    lines.append(f"# From a laptop: ssh -L 8265:{head.ip}:{head.dashboard_port} "
                  "<login node>, then open http://localhost:8265")
     return lines
 

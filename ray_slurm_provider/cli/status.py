@@ -28,7 +28,7 @@ from ray_slurm_provider.cli.common import (
     table,
 )
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.jobs import decode_tags, temp_dir
 from ray_slurm_provider.slurm.client import Job, SlurmError
 from ray_slurm_provider.state import read_json
 from ray_slurm_provider.units import fmt_duration
@@ -75,11 +75,11 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
 def status_data(cluster: Cluster) -> dict[str, Any]:
     jobs = cluster.client.list_jobs(cluster.job_name)  # the one Slurm call
     rows = node_rows(cluster, jobs)
-    head = read_json(cluster.cdir.head_info)
+    head = cluster.cdir.read_head()
     errors = read_json(cluster.cdir.root / "errors.json")  # launch_guard.py
     return {"cluster": cluster.name, "job_name": cluster.job_name, "nodes": rows,
             "other_jobs": len(jobs) - len(rows),
-            "head": head if isinstance(head, dict) else None,
+            "head": head.to_dict() if head else None,
             "launch_errors": errors if isinstance(errors, dict) else {}}
 
 
@@ -135,10 +135,10 @@ def resolve_job(cluster: Cluster, job: str | None) -> str | None:
     if job in (None, ""):
         return None
     if job == "head":
-        head = read_json(cluster.cdir.head_info)
-        if not isinstance(head, dict) or not head.get("job_id"):
-            raise CliError(f"no running head recorded in {cluster.cdir.head_info}")
-        return str(head["job_id"])
+        head = cluster.cdir.read_head()
+        if not head or not head.job_id:
+            raise CliError(f"no running head recorded in {cluster.cdir.head_file}")
+        return head.job_id
     if not str(job).isdigit():
         raise CliError(f"{job!r} is not a Slurm job id (or `head`)")
     return str(job)
@@ -202,9 +202,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         else:
             lines = path.read_text(errors="replace").splitlines()
             print("\n".join(lines[-args.lines:] if args.lines else lines))
-        root = cluster.pcfg.temp_dir_root.rstrip("/")
-        print(f"# Ray's own logs stay on the node: {root}/rsp-{job}/session_latest/logs/",
-              file=sys.stderr)
+        agent = cluster.cdir.node(job).read_agent()  # an array task's own numeric id
+        tmp = temp_dir(cluster.pcfg.temp_dir_root, agent.job_id if agent else job)
+        print(f"# Ray's own logs stay on the node: {tmp}/session_latest/logs/", file=sys.stderr)
         return 0
 
     return run_command(body)

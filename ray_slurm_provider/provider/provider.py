@@ -159,7 +159,7 @@ class SlurmNodeProvider(NodeProvider):
                 logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
                                job_id)
                 with contextlib.suppress(OSError):
-                    (self.cluster_dir.node(job_id) / "stop").touch()
+                    self.cluster_dir.node(job_id).request_stop()
             elif job_id not in self._ray_seen:  # died before its Ray came up
                 log = self.cluster_dir.log(job_id)
                 self.guard.failed(rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
@@ -236,7 +236,7 @@ class SlurmNodeProvider(NodeProvider):
         if self.pcfg.auth.mode == "token":
             auth.ensure_token(self.cluster_dir.root)
         if kind == NODE_KIND_HEAD:
-            self.cluster_dir.teardown.unlink(missing_ok=True)
+            self.cluster_dir.clear_teardown()
         ids = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type,
                            kind == NODE_KIND_HEAD, count)  # one sbatch (an array) if it can
         logger.info("Submitted Slurm job(s) %s for %s node(s) of type %s", ", ".join(ids),
@@ -296,4 +296,4 @@ class SlurmNodeProvider(NodeProvider):
     def cleanup_cluster_resources(self) -> None:
         """After `ray down`: forget every node's state (the token and logs stay)."""
         self.cluster_dir.forget(self.cluster_dir.known_nodes())
-        self.cluster_dir.head_info.unlink(missing_ok=True)
+        self.cluster_dir.clear_head()

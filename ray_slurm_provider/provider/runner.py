@@ -4,51 +4,56 @@ Commands run on the node with `srun --jobid=<job> --overlap`, i.e. as a step of 
 job: Slurm authenticates the user with munge, no SSH keys are needed, and the step can only
 see that job's allocation. Two things are never run as a step:
 
-* `ray start`: it is handed to the node agent in the batch step (see node.py), so Ray lives
+* `ray start`: it is handed to the node agent in the batch step (handoff.py), so Ray lives
   and dies with the job instead of being orphaned by (or killed with) a step;
 * `ray stop`: it would kill every Ray process of the user on that node, other clusters
   included; it becomes "stop this job's Ray", and `shutdown` becomes `scancel` of this job.
 
-File transfers use the shared filesystem (the same user and home on the login and compute
-nodes, which every Slurm site has).
+File transfers use the shared filesystem (transfer.py). The runner knows the provider only
+through `ProviderView`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn, Protocol
 
 import click
-from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray.autoscaler.command_runner import CommandRunnerInterface
 from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 
 from ray_slurm_provider import auth, proc, shellcmd
-from ray_slurm_provider.config import parse_node_config
+from ray_slurm_provider.config import NodeConfig, ProviderConfig
+from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.provider import handoff, transfer
 from ray_slurm_provider.provider.forward import forward_all
+from ray_slurm_provider.provider.handoff import runner_error
 from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.state import ClusterDir
 
-if TYPE_CHECKING:
-    from ray_slurm_provider.provider.provider import SlurmNodeProvider
-
-BOOTSTRAP_FILES = ("~/ray_bootstrap_config.yaml",)
 DEFAULT_DASHBOARD_PORT = 8265
 
 
-def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
-    """The error Ray's NodeUpdater expects from a runner whose command failed."""
-    err: ProcessRunnerError = ProcessRunnerError(  # type: ignore[no-untyped-call]
-        msg, "ssh_command_failed", code=code, command=cmd)
-    return err
+class ProviderView(Protocol):
+    """What the runner needs of the provider (SlurmNodeProvider is one)."""
+
+    @property
+    def cluster_name(self) -> str: ...
+    @property
+    def cluster_dir(self) -> ClusterDir: ...
+    @property
+    def pcfg(self) -> ProviderConfig: ...
+    def node_tags(self, node_id: str) -> dict[str, str]: ...
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]: ...
+    def describe_job(self, node_id: str) -> str: ...
+    def is_terminated(self, node_id: str) -> bool: ...
+    def terminate_node(self, node_id: str) -> object: ...
+    def node_config(self, node_type: str) -> NodeConfig: ...
 
 
 class NodeNotReady(Exception):
@@ -67,7 +72,7 @@ def _env_exports(env: Mapping[str, Any] | None) -> str:
 
 
 class SrunCommandRunner(CommandRunnerInterface):
-    def __init__(self, provider: SlurmNodeProvider, node_id: str, log_prefix: str = "") -> None:
+    def __init__(self, provider: ProviderView, node_id: str, log_prefix: str = "") -> None:
         self.provider = provider
         self.node_id = node_id
         self.log_prefix = log_prefix
@@ -75,7 +80,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         self.ndir = self.cdir.node(node_id)
 
     # --- helpers ------------------------------------------------------------------------
-    def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> None:
+    def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> NoReturn:
         if exit_on_fail:
             raise click.ClickException(f"{msg}: {cmd}")
         raise runner_error(msg, code, cmd)
@@ -88,7 +93,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         deadline = time.monotonic() + wait_s
         next_query = 0.0
         while True:
-            if (self.ndir / "agent.json").exists():
+            if self.ndir.agent_up():
                 return
             now = time.monotonic()
             if now >= deadline:
@@ -114,20 +119,20 @@ class SrunCommandRunner(CommandRunnerInterface):
 
     def job_id(self) -> str:
         """The numeric id (22.05's srun refuses an array task's `123_4`): agent.json's."""
-        agent = read_json(self.ndir / "agent.json") or {} if "_" in self.node_id else {}
-        return str(agent.get("job_id") or self.node_id)
+        agent = self.ndir.read_agent() if "_" in self.node_id else None
+        return agent.job_id if agent and agent.job_id else self.node_id
 
     def container(self) -> tuple[Runtime, RunContext] | None:
         """The runtime and context of this node's container, or None without one."""
         node_type = self.provider.node_tags(self.node_id).get(TAG_RAY_USER_NODE_TYPE, "")
-        types = self.provider.provider_config.get("_node_types", {})
-        ncfg = parse_node_config(types.get(node_type, {}).get("node_config"), node_type)
+        ncfg = self.provider.node_config(node_type)
         if ncfg.container.runtime == "none":
             return None
         pcfg = self.provider.pcfg
-        temp_dir = f"{pcfg.temp_dir_root.rstrip('/')}/rsp-{self.job_id()}"
-        rctx = RunContext(self.provider.cluster_name, self.job_id(), ncfg.container, temp_dir,
-                          str(self.cdir.root), drain_timeout_s=pcfg.drain_timeout_s)
+        job_id = self.job_id()
+        rctx = RunContext(self.provider.cluster_name, job_id, ncfg.container,
+                          temp_dir(pcfg.temp_dir_root, job_id), str(self.cdir.root),
+                          drain_timeout_s=pcfg.drain_timeout_s)
         return get_runtime(ncfg.container.runtime), rctx
 
     def step_env(self) -> dict[str, str]:
@@ -135,10 +140,10 @@ class SrunCommandRunner(CommandRunnerInterface):
         # SLURM_* variables; the Ray tools the step runs need the cluster's auth settings.
         token = self.cdir.root / auth.TOKEN_FILE
         a = auth.auth_env(self.provider.pcfg.auth.mode, token)
-        head = read_json(self.cdir.head_info) or {}
+        head = self.cdir.read_head()
         extra = dict(a)
         if head:
-            extra["RAY_ADDRESS"] = f"{head['ip']}:{head['gcs_port']}"
+            extra["RAY_ADDRESS"] = f"{head.ip}:{head.gcs_port}"
         return proc.clean_env(drop_prefixes=("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"),
                               keep=("SLURM_CONF",), extra=extra)
 
@@ -157,12 +162,12 @@ class SrunCommandRunner(CommandRunnerInterface):
     ) -> Any:
         fwd = []
         if port_forward:
-            head = read_json(self.cdir.head_info)
+            head = self.cdir.read_head()
             if not head:
                 self._fail("the head's Ray is not up, nothing to forward to", None,
                            str(port_forward), exit_on_fail)
             ports = port_block(self.provider.cluster_name, self.provider.pcfg.ports.base)
-            fwd = forward_all(port_forward, head["ip"], {DEFAULT_DASHBOARD_PORT: ports.dashboard})
+            fwd = forward_all(port_forward, head.ip, {DEFAULT_DASHBOARD_PORT: ports.dashboard})
             for f in fwd:
                 print(f"Forwarding 127.0.0.1:{f.local_port} -> {f.host}:{f.remote_port}")
         try:
@@ -184,7 +189,7 @@ class SrunCommandRunner(CommandRunnerInterface):
             return b"" if with_output else 0
         special = prog.ray_stop or prog.shutdown
         if prog.ray_stop:
-            self.stop_ray()
+            handoff.stop_ray(self.ndir)
         out: Any = b"" if with_output else 0
         rest = " && ".join(prog.rest) if special else cmd
         if rest.strip():
@@ -222,66 +227,29 @@ class SrunCommandRunner(CommandRunnerInterface):
                 timeout: int) -> None:
         """Give `ray start` to the head's agent and wait for Ray to come up."""
         self._check_alive()
-        req_id = uuid.uuid4().hex
-        env_s = {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-                 for k, v in (env or {}).items()}
-        write_json(self.ndir / "start.json", {
-            "id": req_id, "exports": prog.exports, "env": env_s, "before": prog.before,
-            "ray_start": prog.ray_start,
-        }, mode=0o600)
+        req_id = handoff.request_start(self.ndir, prog, env)
         print(f"{self.log_prefix}Starting Ray in the batch step of Slurm job {self.node_id}")
-        deadline = time.monotonic() + max(timeout, 600)
-        next_query = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            res = read_json(self.ndir / "result.json")
-            if res and res.get("id") == req_id:
-                if res.get("ok"):
-                    self._announce()
-                    return
-                raise runner_error(
-                    f"ray start failed in job {self.node_id}: {res.get('error')} "
-                    f"(log: {self.cdir.log(self.node_id)})",
-                    1, "ray start")
-            if time.monotonic() >= next_query:
-                next_query = time.monotonic() + 5.0
-                self.provider.non_terminated_nodes({})
-                if self.provider.is_terminated(self.node_id):
-                    break
-            time.sleep(0.5)
-        raise runner_error(
-            f"Ray did not come up in job {self.node_id} "
-            f"(log: {self.cdir.log(self.node_id)})",
-            1, "ray start")
+        handoff.wait_started(self.ndir, req_id, timeout=max(timeout, 600), node_id=self.node_id,
+                             log=self.cdir.log(self.node_id), job_gone=self._job_gone)
+        self._announce()
+
+    def _job_gone(self) -> bool:
+        self.provider.non_terminated_nodes({})
+        return self.provider.is_terminated(self.node_id)
 
     def _announce(self) -> None:
-        head = read_json(self.cdir.head_info) or {}
+        head = self.cdir.read_head()
         if head:
-            print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head['ip']}.\n"
-                  f"  Dashboard:   http://{head['ip']}:{head['dashboard_port']}\n"
-                  f"  GCS address: {head['ip']}:{head['gcs_port']}\n"
+            print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head.ip}.\n"
+                  f"  Dashboard:   http://{head.ip}:{head.dashboard_port}\n"
+                  f"  GCS address: {head.ip}:{head.gcs_port}\n"
                   f"  Use it from this shell: eval \"$(ray-slurm env CLUSTER.yaml)\"")
 
-    def stop_ray(self, timeout: float = 60.0) -> None:
-        """`ray stop`, scoped to this job: the agent stops its own Ray and nothing else."""
-        if not (self.ndir / "ray.json").exists():
-            return
-        (self.ndir / "stop").touch()
-        deadline = time.monotonic() + timeout
-        while (self.ndir / "ray.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
-        _copy(source, self._remote_path(target))
+        transfer.copy(source, transfer.remote_path(self.cdir, target))
 
     def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
-        _copy(self._remote_path(source), os.path.expanduser(target))
-
-    def _remote_path(self, path: str) -> str:
-        # The head's autoscaler config is per cluster, not per user's home: two clusters of
-        # one user must not overwrite each other's.
-        if path.rstrip("/") in BOOTSTRAP_FILES:
-            return str(self.cdir.bootstrap_config)
-        return os.path.expanduser(path)
+        transfer.copy(transfer.remote_path(self.cdir, source), os.path.expanduser(target))
 
     def remote_shell_command_str(self) -> str:
         return " ".join(self.srun_argv("bash", pty=True)[:-2]) + " bash\n"
@@ -290,15 +258,3 @@ class SrunCommandRunner(CommandRunnerInterface):
                  sync_run_yet: bool) -> bool | None:
         return None
 
-
-def _copy(src: str, dst: str) -> None:
-    """rsync-like copy on the shared filesystem (`dir/` copies the contents)."""
-    s = Path(os.path.expanduser(src))
-    if s.is_dir():
-        shutil.copytree(s, dst, dirs_exist_ok=True)
-        return
-    d = Path(dst)
-    if dst.endswith("/") or d.is_dir():
-        d = d / s.name
-    d.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(s, d)

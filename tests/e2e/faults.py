@@ -114,7 +114,9 @@ def alive(pid: int) -> bool:
 
 
 def agent_pid(cluster: RayCluster, job_id: str) -> int:
-    return int(json.loads((cluster.cdir.node(job_id) / "agent.json").read_text())["pid"])
+    info = cluster.cdir.node(job_id).read_agent()
+    assert info, f"job {job_id} has no agent.json"
+    return info.pid
 
 
 def stop(pid: int) -> None:

@@ -21,7 +21,7 @@ import yaml
 
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.ports import port_block
-from ray_slurm_provider.state import ClusterDir, read_json
+from ray_slurm_provider.state import ClusterDir
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -153,10 +153,10 @@ class RayCluster:
         return time.monotonic() - t0
 
     def head(self) -> dict[str, Any]:
-        info = read_json(self.cdir.head_info)
+        info = self.cdir.read_head()
         if not info:
-            raise self.failure(f"no head info in {self.cdir.head_info}")
-        return dict(info)
+            raise self.failure(f"no head info in {self.cdir.head_file}")
+        return info.to_dict()
 
     @property
     def dashboard(self) -> str:

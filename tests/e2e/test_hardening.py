@@ -111,7 +111,7 @@ def cluster(sandbox: Sandbox, workdir: Path) -> Iterator[RayCluster]:
         STATE["bad_since"] = time.time()
         yield c
     finally:
-        if c.cdir.head_info.exists():
+        if c.cdir.head_file.exists():
             print("monitor log kept at", keep_log(monitor_log(c), c.name))
         c.down()
         c.cleanup()

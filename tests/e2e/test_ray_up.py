@@ -214,4 +214,4 @@ def test_down_leaves_nothing(cluster: RayCluster) -> None:
     TIMINGS["ray down"] = cluster.down()
     wait_for(lambda: squeue(f"ray-{cluster.name}") == [], 60, "jobs to leave squeue")
     wait_for(lambda: ray_pids_of(ids) == [], 60, "Ray processes of the cluster to exit")
-    assert not cluster.cdir.head_info.exists()
+    assert not cluster.cdir.head_file.exists()

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ray_slurm_provider.agent import agent as node
-from ray_slurm_provider.agent.agent import Agent
+from ray_slurm_provider import proc
+from ray_slurm_provider.agent import head as head_role
+from ray_slurm_provider.agent import worker as worker_role
+from ray_slurm_provider.agent.agent import Agent, slurm_client
+from ray_slurm_provider.agent.head import HeadAgent
+from ray_slurm_provider.agent.worker import WorkerAgent
 from ray_slurm_provider.nodespec import NodeSpec
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.slurm.spec import JobSpec
+from ray_slurm_provider.state import HeadInfo, StartRequest, read_json
+from tests.fakes import FakeSlurm
 
 
 class FakeChild:
@@ -30,21 +37,22 @@ class FakeChild:
 
 
 def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[FakeChild],
-          attempts: int = 3) -> tuple[Agent, list[list[str]]]:
+          attempts: int = 3) -> tuple[WorkerAgent, list[list[str]]]:
     spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1",
                     state_dir=str(tmp_path), ports_base=25000, attempts=attempts,
                     temp_dir_root=str(tmp_path / "tmp"))
-    a = Agent(spec, {"SLURM_JOB_ID": "9", "SLURM_CPUS_ON_NODE": "1", "HOME": str(tmp_path)})
-    write_json(a.cdir.head_info, {"ip": "127.0.0.2", "gcs_port": 25000, "job_id": "1"})
+    a = WorkerAgent(spec, {"SLURM_JOB_ID": "9", "SLURM_CPUS_ON_NODE": "1",
+                           "HOME": str(tmp_path)})
+    a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     started: list[list[str]] = []
 
     def start(argv: list[str], env: Any = None) -> FakeChild:
         started.append(list(argv))
         return children.pop(0)
 
-    monkeypatch.setattr(node.proc, "start", start)
+    monkeypatch.setattr(proc, "start", start)
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
-    monkeypatch.setattr(node.time, "sleep", lambda s: None)  # the retry backoff
+    monkeypatch.setattr(worker_role.time, "sleep", lambda s: None)  # the retry backoff
     return a, started
 
 
@@ -59,13 +67,13 @@ def test_failed_starts_are_retried_then_ray_runs(tmp_path: Path,
 
     def mark(argv: list[str], env: dict[str, str]) -> None:
         orig(argv, env)
-        seen["ray"] = read_json(a.ndir / "ray.json")
+        seen["ray"] = read_json(a.ndir.path / "ray.json")  # the JSON other processes read
 
     a.mark_started = mark  # type: ignore[method-assign]
     assert a.main() == 0
     assert len(started) == 3
     assert seen["ray"] == {"ip": "127.0.0.3", "job_id": "9"}
-    assert not (a.ndir / "ray.json").exists()  # Ray gone -> no longer reported up
+    assert not a.ndir.ray_up()  # Ray gone -> no longer reported up
 
 
 def test_gives_up_and_ends_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -79,7 +87,7 @@ def test_gives_up_and_ends_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_worker_without_head_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     a, started = agent(tmp_path, monkeypatch, [], attempts=1)
-    a.cdir.head_info.unlink()
+    a.cdir.clear_head()
     assert a.main() == 1 and started == []
     assert "no running head found" in capsys.readouterr().out
 
@@ -88,15 +96,102 @@ def test_head_start_is_retried_before_ray_up_hears_of_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, attempts=3, temp_dir_root=str(tmp_path / "tmp"))
-    a = Agent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
+    a = HeadAgent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
     children = [FakeChild(["The current node timed out during startup.\n"], 1),
                 FakeChild(["Ray runtime started.\n"], 0)]
-    monkeypatch.setattr(node.proc, "start", lambda argv, env=None: children.pop(0))
+    monkeypatch.setattr(proc, "start", lambda argv, env=None: children.pop(0))
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
-    monkeypatch.setattr(node.time, "sleep", lambda s: None)
-    monkeypatch.setattr(node, "wait_port_free", lambda *args: None)
-    monkeypatch.setattr(Agent, "watch", lambda self, req_id: None)
-    req = {"id": "r1", "ray_start": ["ray", "start", "--head"], "exports": {}, "env": {}}
-    assert a.head_once(req, "r1") == 0
+    monkeypatch.setattr(head_role.time, "sleep", lambda s: None)
+    monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
+    monkeypatch.setattr(HeadAgent, "watch", lambda self, req_id: None)
+    assert a.head_once(StartRequest(id="r1", ray_start=["ray", "start", "--head"])) == 0
     assert children == []
-    assert read_json(a.ndir / "result.json") == {"id": "r1", "ok": True}
+    assert read_json(a.ndir.path / "result.json") == {"id": "r1", "ok": True}
+
+
+# --- the agent asks Slurm the way the cluster is configured -------------------------------
+
+
+def test_jobs_carry_the_clusters_slurm_client_to_the_agent(tmp_path: Path) -> None:
+    from ray_slurm_provider.cluster import NodeType
+    from ray_slurm_provider.config import NodeConfig, ProviderConfig, RestConfig
+    from ray_slurm_provider.jobs import build_job
+    from ray_slurm_provider.slurm.rest.client import RestSlurmClient
+
+    rest = RestConfig(url="http://rest:6820", jwt_file=str(tmp_path / "jwt"), user="me")
+    job = build_job(ProviderConfig(slurm_api="rest", rest=rest, state_dir=str(tmp_path)), "c1",
+                    NodeType("w", NodeConfig(), resources={"CPU": 1}), kind="worker",
+                    python="py")
+    spec = NodeSpec.from_json(job.command[-1])
+    assert spec.slurm_api == "rest"
+    assert spec.rest == {"url": "http://rest:6820", "jwt_file": str(tmp_path / "jwt"),
+                         "jwt_env": "SLURM_JWT", "user": "me"}
+    client = slurm_client(spec)
+    assert isinstance(client, RestSlurmClient)
+    assert (client.base_url, client.user) == ("http://rest:6820", "me")
+
+
+def test_a_spec_from_before_the_client_choice_uses_the_cli(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
+
+    old = ('{"kind":"worker","node_type":"w","cluster_name":"c1","ports_base":25000,'
+           f'"state_dir":"{tmp_path}"}}')
+    spec = NodeSpec.from_json(old)
+    assert (spec.slurm_api, spec.rest) == ("cli", {})
+    assert isinstance(slurm_client(spec), CliSlurmClient)
+
+
+def test_node_address_and_container_sweep_ask_the_agents_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"),
+                    container={"runtime": "docker", "image": "img"})
+    a = WorkerAgent(spec, {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1",
+                           "HOME": str(tmp_path)})
+    fake = FakeSlurm()
+    a.slurm = fake
+    assert a.node_ip() == fake.nodes["n1"].addr
+    other = fake.submit(JobSpec("ray-c1", ["true"]))
+    assert a.container is not None
+    swept: list[set[str]] = []
+    monkeypatch.setattr(a.container, "prepare", lambda: None)
+    monkeypatch.setattr(a.container, "sweep", lambda active: swept.append(active()))
+    a.prepare_container()
+    assert swept == [{other}] and fake.calls["list_jobs"] == 1
+
+
+# --- what the agent imports -------------------------------------------------------------------
+
+
+def package_imports(module: str) -> set[str]:
+    """The package's modules that `module` imports, directly or not: any import statement,
+    in functions and TYPE_CHECKING blocks too, except in a package's `__init__` functions
+    (the provider's names the YAML's entry point, lazily)."""
+    root = Path(__file__).resolve().parents[2]
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = root / name.replace(".", "/")
+        init = path.is_dir()
+        path = path / "__init__.py" if init else path.with_suffix(".py")
+        if name in seen or not path.exists():
+            continue
+        seen.add(name)
+        nodes = list(ast.iter_child_nodes(ast.parse(path.read_text())))
+        while nodes:
+            node = nodes.pop()
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif not (init and isinstance(node, ast.FunctionDef)):
+                nodes += ast.iter_child_nodes(node)
+    return {m for m in seen if m.startswith("ray_slurm_provider")} - {module}
+
+
+def test_the_agent_imports_nothing_of_the_provider_or_the_cli() -> None:
+    deps = package_imports("ray_slurm_provider.agent.__main__")
+    assert {"ray_slurm_provider.agent.head", "ray_slurm_provider.agent.worker"} <= deps
+    assert not {d for d in deps
+                if d.startswith(("ray_slurm_provider.provider", "ray_slurm_provider.cli"))}

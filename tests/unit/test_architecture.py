@@ -278,7 +278,7 @@ def test_the_layer_rule_catches_what_it_should() -> None:
         ("provider.walltime", "jobs"), ("provider.submit", "jobs"),
         ("agent.agent", "runtimes.base"),
         ("cli.main", "sandbox.cli"), ("cli.status", "provider.checks"), ("gang.gang", "config"),
-        ("sandbox.core", "proc"), ("node", "agent.agent"), ("config", "schema")])
+        ("sandbox.core", "proc"), ("node", "agent.__main__"), ("config", "schema")])
     assert all(bad(a, b) for a, b in [
         ("config", "jobs"), ("proc", "slurm.cli"), ("slurm.cli", "runtimes.base"),
         ("runtimes.base", "slurm.client"), ("jobs", "provider.submit"),
@@ -321,7 +321,7 @@ def f():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     # The real tree: the shim imports the agent, and the command table counts.
     edges = _graph(all_imports())
-    assert f"{PKG}.agent.agent" in edges[f"{PKG}.node"]
+    assert f"{PKG}.agent.__main__" in edges[f"{PKG}.node"]
     assert f"{PKG}.sandbox.cli" in edges[f"{PKG}.cli.main"]
 
 

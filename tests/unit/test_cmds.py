@@ -18,7 +18,7 @@ from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
 from ray_slurm_provider.slurm.script import JobSpec
-from ray_slurm_provider.state import ClusterDir, write_json
+from ray_slurm_provider.state import ClusterDir, HeadInfo, RayUp
 from ray_slurm_provider.units import fmt_duration as duration
 from tests.fakes import FakeSlurm
 
@@ -118,9 +118,8 @@ def test_status_rows_from_one_listing(tmp_path: Path) -> None:
     fake.set_state(worker, "PENDING", "Resources")
     fake.clock.advance(60)
     c.cdir.create()
-    write_json(c.cdir.node(head) / "ray.json", {"ip": "127.0.0.3"})
-    write_json(c.cdir.head_info, {"ip": "127.0.0.3", "dashboard_port": 8265, "gcs_port": 1,
-                                  "job_id": head})
+    c.cdir.node(head).write_ray_up(RayUp(ip="127.0.0.3", job_id=head))
+    c.cdir.write_head(HeadInfo(job_id=head, ip="127.0.0.3", gcs_port=1, dashboard_port=8265))
     data = status.status_data(c)
     assert fake.calls["list_jobs"] == 1 and data["other_jobs"] == 1
     rows = {r["job_id"]: r for r in data["nodes"]}
@@ -236,8 +235,8 @@ def test_env_exports_what_each_ray_tool_reads(tmp_path: Path) -> None:
     from ray_slurm_provider.cli.env import env_lines
 
     c = cluster(tmp_path, FakeSlurm())
-    write_json(c.cdir.head_info, {"ip": "10.0.0.7", "gcs_port": 24000, "dashboard_port": 24001,
-                                  "client_port": 24002, "job_id": "5"})
+    c.cdir.write_head(HeadInfo(job_id="5", ip="10.0.0.7", gcs_port=24000, dashboard_port=24001,
+                               client_port=24002))
     exports = dict(line.removeprefix("export ").split("=", 1) for line in env_lines(c.path)
                    if line.startswith("export "))
     assert exports["RAY_ADDRESS"] == "10.0.0.7:24000"

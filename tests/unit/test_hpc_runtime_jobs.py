@@ -21,7 +21,7 @@ from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.schema import load
 from ray_slurm_provider.slurm.script import render
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import ClusterDir, HeadInfo
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
 FAKE = """#!{python}
@@ -61,8 +61,7 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
     spec = build_job(pcfg, "c1", nt, kind="worker", python=sys.executable)
     script = tmp_path / "job.sh"
     script.write_text(render(spec))
-    write_json(state / "c1" / "head.json", {"ip": "127.0.0.2", "gcs_port": 25000,
-                                            "job_id": "1"})
+    ClusterDir(str(state), "c1").write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     rec = tmp_path / "rec.jsonl"
     env = {"PATH": f"{fakebin}:{os.environ['PATH']}", "HOME": str(tmp_path), "REC": str(rec),
            "SLURM_JOB_ID": "900", "SLURMD_NODENAME": "n1", "SLURM_CPUS_ON_NODE": "2",

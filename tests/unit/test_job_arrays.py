@@ -18,7 +18,7 @@ from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import ArraySubmitter, ClusterInfo, Job
 from ray_slurm_provider.slurm.script import JobSpec, render
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import AgentInfo
 from tests.fakes import FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
 from tests.unit.test_slurm_cli import FakeRun, recorded
@@ -195,14 +195,14 @@ def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
 
 
 def test_agent_node_id_from_slurm_environment(tmp_path: Path) -> None:
-    from ray_slurm_provider.agent.agent import Agent
+    from ray_slurm_provider.agent.worker import WorkerAgent
 
     assert node_id({"SLURM_JOB_ID": "12"}) == "12"
     env = {"SLURM_JOB_ID": "15", "SLURM_ARRAY_JOB_ID": "11", "SLURM_ARRAY_TASK_ID": "3"}
     assert node_id(env) == "11_3"
     spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
-    a = Agent(spec, {**env, "HOME": str(tmp_path)})
+    a = WorkerAgent(spec, {**env, "HOME": str(tmp_path)})
     assert a.ndir == a.cdir.node("11_3")  # what the provider lists
     assert a.job_id == "15" and a.temp_dir.endswith("/rsp-15")  # numeric, as containers
 
@@ -213,8 +213,7 @@ def test_runner_sruns_into_the_task_by_its_numeric_id(tmp_path: Path) -> None:
     f.start("1000_1")
     p.non_terminated_nodes({})
     r = SrunCommandRunner(p, "1000_1")
-    write_json(r.ndir / "agent.json", {"host": "n1", "pid": 1, "kind": "worker",
-                                       "job_id": "1003"})
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="1003"))
     assert "--jobid=1003" in r.srun_argv("true")
     (hid,) = p.create_node({}, HEAD_TAGS, 1)
     assert f"--jobid={hid}" in SrunCommandRunner(p, hid).srun_argv("true")

@@ -21,7 +21,7 @@ from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import TransientSlurmError
 from ray_slurm_provider.slurm.script import JobSpec, render
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import RayUp
 from tests.fakes import FakeSlurm
 
 HEAD_TAGS = {
@@ -137,7 +137,7 @@ def test_worker_status_reports_ray_only_once_up(tmp_path: Path) -> None:
     f.start(w)
     p.non_terminated_nodes({})
     assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "setting-up"
-    write_json(p.cluster_dir.node(w) / "ray.json", {"ip": "127.0.0.2"})
+    p.cluster_dir.node(w).write_ray_up(RayUp(ip="127.0.0.2", job_id=w))
     p.non_terminated_nodes({})
     assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "up-to-date"
 

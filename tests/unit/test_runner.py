@@ -8,10 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
+from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 
-from ray_slurm_provider import proc
-from ray_slurm_provider.provider.runner import SrunCommandRunner
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider import proc, shellcmd
+from ray_slurm_provider.config import NodeConfig, ProviderConfig, load
+from ray_slurm_provider.provider import handoff
+from ray_slurm_provider.provider.runner import NodeNotReady, SrunCommandRunner
+from ray_slurm_provider.state import AgentInfo, ClusterDir, RayUp, StartResult, read_json
+from tests.unit.test_agent import package_imports
 from tests.unit.test_provider import HEAD_TAGS, make
 
 
@@ -22,7 +27,7 @@ def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SrunCommand
     f.start(head, "n1")
     p.non_terminated_nodes({})
     r = p.get_command_runner("", head, {}, "c1", None, True)
-    write_json(r.ndir / "agent.json", {"host": "n1"})
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="head", job_id=head))
     calls: list[list[str]] = []
 
     def run(argv: list[str], **kw: Any) -> proc.Result:
@@ -57,12 +62,12 @@ def test_step_env_drops_the_callers_job_variables(tmp_path: Path,
 
 def test_ray_stop_never_runs_bare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r, calls = runner(tmp_path, monkeypatch)
-    write_json(r.ndir / "ray.json", {"ip": "x"})
+    r.ndir.write_ray_up(RayUp(ip="x", job_id=r.node_id))
 
     def agent_stops() -> None:  # what the head agent does when it sees the stop file
-        while not (r.ndir / "stop").exists():
+        while not r.ndir.stop_requested():
             pass
-        (r.ndir / "ray.json").unlink()
+        r.ndir.clear_ray_up()
 
     t = threading.Thread(target=agent_stops)
     t.start()
@@ -75,20 +80,20 @@ def test_ray_start_is_handed_to_the_agent(tmp_path: Path, monkeypatch: pytest.Mo
     r, calls = runner(tmp_path, monkeypatch)
 
     def agent_answers() -> None:
-        while not (req := read_json(r.ndir / "start.json")):
+        while not (req := r.ndir.read_start()):
             pass
-        write_json(r.ndir / "result.json", {"id": req["id"], "ok": True})
+        r.ndir.write_result(StartResult(req.id, ok=True))
 
     t = threading.Thread(target=agent_answers)
     t.start()
     r.run("export RAY_CLOUD_INSTANCE_ID=5; ray start --head --port=1",
           environment_variables={"RAY_OVERRIDE_RESOURCES": {"CPU": 0}})
     t.join(5)
-    req = read_json(r.ndir / "start.json")
+    req = read_json(r.ndir.path / "start.json")  # the JSON the agent reads
     assert req["ray_start"] == ["ray", "start", "--head", "--port=1"]
     assert req["exports"] == {"RAY_CLOUD_INSTANCE_ID": "5"}
     assert req["env"] == {"RAY_OVERRIDE_RESOURCES": '{"CPU":0}'}
-    assert (r.ndir / "start.json").stat().st_mode & 0o777 == 0o600
+    assert (r.ndir.path / "start.json").stat().st_mode & 0o777 == 0o600
     assert calls == []
 
 
@@ -99,3 +104,79 @@ def test_rsync_maps_the_bootstrap_config_per_cluster(tmp_path: Path,
     src.write_text("{}")
     r.run_rsync_up(str(src), "~/ray_bootstrap_config.yaml")
     assert r.cdir.bootstrap_config.read_text() == "{}"
+
+
+# --- the runner needs only its view of the provider ----------------------------------------
+
+
+class View:
+    """A `ProviderView` that is not the provider: all the runner may use of it."""
+
+    def __init__(self, tmp_path: Path, ncfg: NodeConfig) -> None:
+        self.cluster_name = "c1"
+        self.pcfg = ProviderConfig(state_dir=str(tmp_path), temp_dir_root="/t")
+        self.cluster_dir = ClusterDir(self.pcfg.state_dir, "c1")
+        self.ncfg = ncfg
+        self.terminated: list[str] = []
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        return {TAG_RAY_USER_NODE_TYPE: "gpu"}
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        return []
+
+    def describe_job(self, node_id: str) -> str:
+        return f"Slurm job {node_id} is PENDING"
+
+    def is_terminated(self, node_id: str) -> bool:
+        return bool(self.terminated)
+
+    def terminate_node(self, node_id: str) -> None:
+        self.terminated.append(node_id)
+
+    def node_config(self, node_type: str) -> NodeConfig:
+        assert node_type == "gpu"
+        return self.ncfg
+
+
+def test_runner_works_on_its_view_alone(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    ncfg = load(NodeConfig, {"container": {"runtime": "docker", "image": "img"}}, "node_config")
+    view = View(tmp_path, ncfg)
+    r = SrunCommandRunner(view, "7_1")
+    with pytest.raises(NodeNotReady, match="Slurm job 7_1 is PENDING"):
+        r.run("true")  # before its agent runs, no step can
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="12"))
+    argv = r.srun_argv("true", in_container=True)
+    assert argv[1] == "--jobid=12" and "rsp-c1-12" in argv  # the container of job 12
+    container = r.container()
+    assert container is not None and container[1].temp_dir == "/t/rsp-12"
+    monkeypatch.setattr(proc, "run_attached", lambda argv, **kw: 0)
+    r.run("ray stop; sudo shutdown -h now")
+    assert view.terminated == ["7_1"]
+
+
+def test_a_failed_or_lost_start_is_the_runners_error(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    view = View(tmp_path, NodeConfig())
+    n = view.cluster_dir.node("7")
+    prog = shellcmd.parse("ray start --head")
+    req = handoff.request_start(n, prog, None)
+    n.write_result(StartResult(req, ok=False, error="port in use"))
+    with pytest.raises(ProcessRunnerError, match="ray start failed in job 7: port in use"):
+        handoff.wait_started(n, req, timeout=60, node_id="7", log=tmp_path / "7.out",
+                             job_gone=lambda: False)
+    monkeypatch.setattr(handoff, "QUERY_EVERY_S", 0.0)
+    monkeypatch.setattr(handoff.time, "sleep", lambda s: None)
+    asked: list[bool] = []
+    req = handoff.request_start(n, prog, None)
+    with pytest.raises(ProcessRunnerError, match="Ray did not come up in job 7"):
+        handoff.wait_started(n, req, timeout=60, node_id="7", log=tmp_path / "7.out",
+                             job_gone=lambda: asked.append(True) or True)
+    assert asked == [True]  # the job left Slurm: no waiting out the timeout
+
+
+def test_the_runner_does_not_import_the_provider() -> None:
+    for m in ("runner", "handoff", "transfer"):
+        deps = package_imports(f"ray_slurm_provider.provider.{m}")
+        assert "ray_slurm_provider.provider.provider" not in deps, m

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ray_slurm_provider import shellcmd
 from ray_slurm_provider.agent.raystart import allocation, ray_start_argv
 from ray_slurm_provider.nodespec import NodeSpec
@@ -50,6 +53,27 @@ def test_parse_exec_stop_is_scoped() -> None:
 def test_plain_command_untouched() -> None:
     p = shellcmd.parse("uptime")
     assert p.rest == ["uptime"] and not p.ray_stop and p.ray_start is None
+
+
+_PLAIN = st.text(alphabet="ab =;&|\n$-", max_size=8)
+_QUOTED = st.builds(lambda q, t: q + t + q, st.sampled_from(["'", '"']),
+                    st.text(alphabet="ab ;&|\n$", max_size=6))
+_WORDS = st.sampled_from(["ray start --head", "ray stop", "export A=1", "sudo shutdown"])
+_COMMAND = st.lists(st.one_of(_PLAIN, _QUOTED, _WORDS), max_size=5).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_COMMAND, max_size=4))
+def test_a_command_list_parses_as_its_join(cmds: list[str]) -> None:
+    """The agent parses `worker_start_ray_commands` without joining them first: the same
+    program, for every list whose commands close their quotes."""
+    assert shellcmd.parse_commands(cmds) == shellcmd.parse("; ".join(cmds))
+
+
+def test_an_open_quote_stays_in_its_own_command() -> None:
+    # Joined, the quote would swallow `ray start` (Ray runs each command on its own).
+    p = shellcmd.parse_commands(["echo 'x", "ray start --address=h:1"])
+    assert p.before == ["echo 'x"] and p.ray_start == ["ray", "start", "--address=h:1"]
 
 
 def test_flags() -> None:

@@ -16,7 +16,7 @@ from ray_slurm_provider import proc
 from ray_slurm_provider.jobs import decode_tags, encode_tags
 from ray_slurm_provider.slurm import parse
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.state import ClusterDir, write_json
+from ray_slurm_provider.state import ClusterDir, RayUp
 
 
 def test_parse_squeue_fills_addresses_from_the_table() -> None:
@@ -63,7 +63,7 @@ def test_cluster_dir_fast_paths(tmp_path: Path) -> None:
     cdir = ClusterDir(str(tmp_path), "c")
     assert cdir.tags("7") == {} and not cdir.ray_up("7")
     cdir.set_tags("7", {"k": "v"})
-    write_json(cdir.node("7") / "ray.json", {"ip": "x"})
+    cdir.node("7").write_ray_up(RayUp(ip="x", job_id="7"))
     assert cdir.tags("7") == {"k": "v"} and cdir.ray_up("7")
 
 
@@ -130,7 +130,7 @@ def test_kept_records_still_see_ray_come_up_and_state_change(tmp_path: Path) -> 
     p, f = _provider(tmp_path)
     ids = p.non_terminated_nodes({})
     assert {p.node_tags(i)["ray-node-status"] for i in ids} == {"setting-up"}
-    write_json(p.cluster_dir.node(ids[1]) / "ray.json", {"ip": "x"})
+    p.cluster_dir.node(ids[1]).write_ray_up(RayUp(ip="x", job_id=ids[1]))
     p.non_terminated_nodes({})
     assert p.node_tags(ids[1])["ray-node-status"] == "up-to-date"
     f.finish(ids[2])

@@ -26,7 +26,7 @@ from ray_slurm_provider.provider.submit import (
 )
 from ray_slurm_provider.slurm.client import TransientSlurmError, classify
 from ray_slurm_provider.slurm.script import JobSpec
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import RayUp
 from tests.fakes import BAD_PARTITION, FakeClock, FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
 
@@ -175,7 +175,7 @@ def test_worker_dying_before_ray_starts_holds_its_type_back(tmp_path: Path) -> N
     clock.advance(61)
     (job2,) = p.create_node({}, WORKER_TAGS, 1)
     f.start(job2)
-    write_json(p.cluster_dir.node(job2) / "ray.json", {"ip": "x"})
+    p.cluster_dir.node(job2).write_ray_up(RayUp(ip="x", job_id=job2))
     p.non_terminated_nodes({})
     f.finish(job2, "CANCELLED")
     p.non_terminated_nodes({})

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.agent import agent as node
+from ray_slurm_provider.agent.__main__ import agent_for
 from ray_slurm_provider.agent.agent import Agent
 from ray_slurm_provider.nodespec import NodeSpec
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import HeadInfo
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
 
 REAL_KILL_TREE = proc.kill_tree  # the fixture below replaces it for the agent tests
@@ -26,14 +26,14 @@ def test_cancelling_the_head_marks_a_teardown_and_is_one_scancel(tmp_path: Path)
     workers = list(p.create_node({}, WORKER_TAGS, 3))
     p.non_terminated_nodes({})
     p.terminate_nodes(workers[:1])  # scaling down: no teardown
-    assert not p.cluster_dir.teardown.exists()
+    assert not p.cluster_dir.teardown_marked()
     p.terminate_nodes([head, *workers[1:]])
-    assert p.cluster_dir.teardown.exists()
+    assert p.cluster_dir.teardown_marked()
     assert f.cancelled == [workers[:1], sorted([head, *workers[1:]])]
     assert f.calls["cancel"] == 2
     # A new head (the next `ray up`) clears it before its workers can start.
     p.create_node({}, HEAD_TAGS, 1)
-    assert not p.cluster_dir.teardown.exists()
+    assert not p.cluster_dir.teardown_marked()
 
 
 class Child:
@@ -58,14 +58,14 @@ def no_kills(monkeypatch: pytest.MonkeyPatch) -> None:
         child.got.append("kill tree")
         return 1
 
-    monkeypatch.setattr(node.proc, "kill_tree", kill_tree)
+    monkeypatch.setattr(proc, "kill_tree", kill_tree)
 
 
 def agent(tmp_path: Path, kind: str = "worker") -> tuple[Agent, Child]:
     spec = NodeSpec(kind=kind, node_type="w", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
-    a = Agent(spec, {"SLURM_JOB_ID": "9", "HOME": str(tmp_path)})
-    write_json(a.cdir.head_info, {"ip": "127.0.0.2", "gcs_port": 25000, "job_id": "1"})
+    a = agent_for(spec, {"SLURM_JOB_ID": "9", "HOME": str(tmp_path)})
+    a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     a.head_job = "1"  # as build() records it when the worker joins
     a.child = Child.last = Child()
     return a, a.child
@@ -79,14 +79,14 @@ def test_worker_drains_while_its_head_is_there(tmp_path: Path) -> None:
 
 def test_worker_skips_the_drain_when_its_head_is_gone(tmp_path: Path) -> None:
     a, child = agent(tmp_path)
-    a.cdir.head_info.unlink()
+    a.cdir.clear_head()
     a.on_term(signal.SIGTERM, None)
     assert child.got == ["kill tree"]
 
 
 def test_worker_skips_the_drain_when_another_head_took_over(tmp_path: Path) -> None:
     a, child = agent(tmp_path)
-    write_json(a.cdir.head_info, {"ip": "127.0.0.4", "gcs_port": 25000, "job_id": "7"})
+    a.cdir.write_head(HeadInfo(job_id="7", ip="127.0.0.4", gcs_port=25000))
     a.on_term(signal.SIGTERM, None)
     assert child.got == ["kill tree"]
 

@@ -16,7 +16,7 @@ from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.provider.walltime import HeadWalltime, warn_below_s
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.script import JobSpec, render
-from ray_slurm_provider.state import write_json
+from ray_slurm_provider.state import ClusterDir, HeadInfo, RayUp
 from ray_slurm_provider.units import fmt_duration
 from tests.fakes import FakeClock, FakeSlurm
 from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS
@@ -112,21 +112,21 @@ class Port:
         return self.open
 
 
-def watch(tmp_path: Path, clock: FakeClock, port: Port) -> tuple[HeadWatch, Path]:
-    info = tmp_path / "head.json"
-    head = {"job_id": "7", "ip": "127.0.0.2", "gcs_port": 24000}
-    write_json(info, head)
-    return HeadWatch(info, head, stop_file=tmp_path / "nodes" / "9" / "stop", grace_s=30,
-                     clock=clock, connect=port), info
+def watch(tmp_path: Path, clock: FakeClock, port: Port) -> tuple[HeadWatch, ClusterDir]:
+    cdir = ClusterDir(str(tmp_path), "c1")
+    head = HeadInfo(job_id="7", ip="127.0.0.2", gcs_port=24000)
+    cdir.write_head(head)
+    return HeadWatch(cdir, head, node=cdir.node("9"), grace_s=30, clock=clock,
+                     connect=port), cdir
 
 
 def test_head_json_removed_or_replaced(tmp_path: Path) -> None:
     clock, port = FakeClock(), Port()
-    w, info = watch(tmp_path, clock, port)
+    w, cdir = watch(tmp_path, clock, port)
     assert w.check() is None
-    write_json(info, {"job_id": "8", "ip": "127.0.0.3", "gcs_port": 24000})
+    cdir.write_head(HeadInfo(job_id="8", ip="127.0.0.3", gcs_port=24000))
     assert "another head (job 8) replaced head job 7" in (w.check() or "")
-    info.unlink()
+    cdir.clear_head()
     assert "was removed" in (w.check() or "")
 
 
@@ -158,10 +158,10 @@ def test_gcs_is_probed_at_most_every_5s(tmp_path: Path) -> None:
 
 def test_stop_file_from_the_provider_ends_the_worker(tmp_path: Path) -> None:
     clock, port = FakeClock(), Port()
-    w, _ = watch(tmp_path, clock, port)
+    w, cdir = watch(tmp_path, clock, port)
     assert w.check() is None
-    (tmp_path / "nodes" / "9").mkdir(parents=True)
-    (tmp_path / "nodes" / "9" / "stop").touch()
+    cdir.node("9").path.mkdir(parents=True)
+    cdir.node("9").request_stop()
     assert "Slurm no longer counts this job as running" in (w.check() or "")
 
 
@@ -170,17 +170,17 @@ def test_provider_stops_the_orphaned_ray_of_an_ended_job(tmp_path: Path) -> None
     p, f, _ = make(tmp_path)
     (job,) = p.create_node({}, WORKER_TAGS, 1)
     f.start(job)
-    write_json(p.cluster_dir.node(job) / "ray.json", {"ip": "x"})
+    p.cluster_dir.node(job).write_ray_up(RayUp(ip="x", job_id=job))
     p.non_terminated_nodes({})
     f.finish(job, "NODE_FAIL")
     assert p.non_terminated_nodes({}) == []
-    assert (p.cluster_dir.node(job) / "stop").exists()
+    assert p.cluster_dir.node(job).stop_requested()
     assert p.guard.error("cpu_worker") is None  # Ray was up: not a crash at start
 
 
 def test_run_calls_on_gone_once_and_stops(tmp_path: Path) -> None:
     clock, port = FakeClock(), Port()
-    w, info = watch(tmp_path, clock, port)
+    w, cdir = watch(tmp_path, clock, port)
     reasons: list[str] = []
     sleeps: list[float] = []
 
@@ -188,7 +188,7 @@ def test_run_calls_on_gone_once_and_stops(tmp_path: Path) -> None:
         sleeps.append(s)
         clock.advance(s)
         if len(sleeps) == 3:
-            info.unlink()
+            cdir.clear_head()
 
     w.run(lambda: True, reasons.append, period_s=5, sleep=sleep)
     assert len(reasons) == 1 and "removed" in reasons[0] and sleeps == [5, 5, 5]
@@ -200,8 +200,8 @@ def test_run_calls_on_gone_once_and_stops(tmp_path: Path) -> None:
 
 def test_unreadable_head_json_is_no_evidence(tmp_path: Path) -> None:
     clock, port = FakeClock(), Port()
-    w, info = watch(tmp_path, clock, port)
-    info.write_text("{not json")
+    w, cdir = watch(tmp_path, clock, port)
+    cdir.head_file.write_text("{not json")
     assert w.check() is None
 
 

@@ -1,0 +1,125 @@
+"""The head's role: the hand-off loop with `ray up`.
+
+`ray up` cannot be told "the head starts itself", so it runs the head's start commands
+through our command runner, which hands them over here (`start.json`); the agent starts Ray
+in the batch step and reports back (`result.json`). A later `ray up` hands over again and the
+agent restarts Ray in place; `ray stop` (the `stop` file) stops only this job's Ray.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+
+from ray_slurm_provider import proc, shellcmd
+from ray_slurm_provider.agent.agent import Agent, log
+from ray_slurm_provider.state import StartRequest, StartResult
+
+
+def wait_port_free(host: str, port: int, timeout: float) -> None:
+    """Wait until nothing accepts connections on host:port (raise RuntimeError if it stays
+    taken: another cluster on this node owns it; choose `provider.ports.base`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex((host, port)) != 0:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"port {port} on {host} is in use by another process; set "
+                               "provider.ports.base to give this cluster other ports")
+        time.sleep(0.25)
+
+
+def _wait_gcs_port_free(argv: list[str]) -> None:
+    # After a restart, the previous GCS may still hold its port for a moment.
+    wait_port_free(shellcmd.get_flag(argv, "--node-ip-address") or "127.0.0.1",
+                   int(shellcmd.get_flag(argv, "--port") or 6379), 60.0)
+
+
+class HeadAgent(Agent):
+    interrupted = False  # Ray stopped on request (or failed to start): wait for the next one
+
+    def run(self) -> int:
+        handled = ""
+        while not self.terminating:
+            req = self.wait_for_request(handled)
+            if req is None:
+                if not self.terminating:
+                    log("no start command from `ray up` in time; ending the job")
+                return 1
+            handled = req.id
+            self.ndir.clear_stop()
+            self.interrupted = False
+            code = self.head_once(req)
+            if self.terminating or not self.interrupted:
+                log(f"Ray exited with code {code}; the job ends")
+                return code
+            log("Ray stopped on request; waiting for the next start command")
+        return 0
+
+    def wait_for_request(self, handled: str) -> StartRequest | None:
+        deadline = time.monotonic() + self.spec.head_start_timeout_s
+        while not self.terminating and time.monotonic() < deadline:
+            req = self.ndir.read_start()
+            if req and req.id != handled:
+                return req
+            time.sleep(0.2)
+        return None
+
+    def watch(self, req_id: str) -> None:
+        """While Ray runs: a `stop` file or a newer start request stops it (not the job)."""
+        while self.child is not None and self.child.poll() is None:
+            req = self.ndir.read_start()
+            if self.ndir.stop_requested() or (req is not None and req.id != req_id):
+                self.interrupted = True
+                log("stop requested: stopping this job's Ray")
+                self.child.send_signal(signal.SIGTERM)
+                return
+            time.sleep(0.5)
+
+    def head_once(self, req: StartRequest) -> int:
+        prog = shellcmd.Program(exports=dict(req.exports), before=list(req.before),
+                                ray_start=list(req.ray_start))
+        try:
+            argv, env = self.build(prog, dict(req.env))
+            _wait_gcs_port_free(argv)
+            self.run_before(prog.before, env)
+        except (RuntimeError, proc.CommandError) as e:
+            log(f"head start failed: {e}")
+            self.ndir.write_result(StartResult(req.id, ok=False, error=str(e)))
+            self.interrupted = True  # let `ray up` try again
+            return 1
+
+        started = False
+
+        def up() -> None:
+            nonlocal started
+            started = True
+            self.mark_started(argv, env)
+            self.ndir.write_result(StartResult(req.id, ok=True))
+            threading.Thread(target=self.watch, args=(req.id,), daemon=True).start()
+
+        # A busy node can make Ray's own start-up deadlines fire ("The current node timed
+        # out during startup"): retry like a worker does before telling `ray up` it failed.
+        for attempt in range(1, self.spec.attempts + 1):
+            code = self.run_ray(argv, env, up)
+            if started or self.terminating or attempt == self.spec.attempts:
+                break
+            log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code}); "
+                "retrying")
+            time.sleep(min(2**attempt, 30))
+            try:
+                _wait_gcs_port_free(argv)
+            except RuntimeError as e:
+                log(str(e))
+                break
+        self.unmark()
+        result = self.ndir.read_result()
+        if result is None or result.id != req.id:
+            self.ndir.write_result(StartResult(req.id, ok=False,
+                                               error=f"ray start exited with {code}"))
+            self.interrupted = True
+        return code

@@ -1,0 +1,58 @@
+"""The worker's role: start Ray from the node type's `worker_start_ray_commands`, keep it.
+
+The agent adds what Slurm allocated (CPUs, GPUs, memory, the node's address) and the
+cluster's ports (raystart.py), retries a failed start before ending the job with a clear log
+line, and ends the job soon after its head is gone (headwatch.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from ray_slurm_provider import proc, shellcmd
+from ray_slurm_provider.agent import headwatch
+from ray_slurm_provider.agent.agent import Agent, log
+from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
+
+
+class WorkerAgent(Agent):
+    def run(self) -> int:
+        prog = shellcmd.parse_commands(self.spec.start_commands or DEFAULT_WORKER_START)
+        for attempt in range(1, self.spec.attempts + 1):
+            started = False
+            try:
+                argv, env = self.build(prog, {})
+                self.run_before(prog.before, env)
+
+                def up(a: list[str] = argv, e: dict[str, str] = env) -> None:
+                    nonlocal started
+                    started = True
+                    self.mark_started(a, e)
+                    self.watch_head()
+
+                code = self.run_ray(argv, env, up)
+            except (RuntimeError, proc.CommandError) as e:
+                log(f"ray start attempt {attempt} failed: {e}")
+                code = 1
+            if started or self.terminating:
+                log(f"Ray exited with code {code}; the job ends")
+                return code
+            log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code})")
+            if attempt < self.spec.attempts:
+                time.sleep(min(2**attempt, 30))
+        log("giving up: Ray never started on this node; ending the job so the autoscaler "
+            "can replace it")
+        return 1
+
+    def watch_head(self) -> None:
+        """End this worker's job soon after its head is gone, or its job is (headwatch.py)."""
+        head = self.cdir.read_head()
+        if head:
+            headwatch.start(self.cdir, head, on_gone=self.on_head_gone,
+                            alive=lambda: self.child is not None and not self.terminating,
+                            node=self.ndir)
+
+    def on_head_gone(self, reason: str) -> None:
+        log(f"{reason}; ending this worker")
+        self.on_term(signal.SIGTERM, None)

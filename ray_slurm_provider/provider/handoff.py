@@ -1,0 +1,74 @@
+"""`ray start` and `ray stop` on a node: handed to its agent, never run as a job step.
+
+A step's processes belong to the step: `ray start` run as one would be orphaned by it or
+killed with it, so the runner writes the start program into the node's `start.json` and the
+agent in the batch step starts Ray and answers in `result.json` (agent/head.py). `ray stop`
+would kill every Ray process of the user on the node, other clusters' included; it becomes
+the node's `stop` file: "stop this job's Ray".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
+
+from ray_slurm_provider import shellcmd
+from ray_slurm_provider.state import NodeDir, StartRequest
+
+QUERY_EVERY_S = 5.0  # how often a waiting `ray up` asks whether the job still exists
+
+
+def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
+    """The error Ray's NodeUpdater expects from a runner whose command failed."""
+    err: ProcessRunnerError = ProcessRunnerError(  # type: ignore[no-untyped-call]
+        msg, "ssh_command_failed", code=code, command=cmd)
+    return err
+
+
+def request_start(ndir: NodeDir, prog: shellcmd.Program,
+                  env: Mapping[str, object] | None) -> str:
+    """Hand `prog` (which has a `ray start`) to the node's agent; the request's id."""
+    assert prog.ray_start is not None
+    req = StartRequest(
+        id=uuid.uuid4().hex, ray_start=prog.ray_start, exports=prog.exports,
+        env={k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+             for k, v in (env or {}).items()},
+        before=prog.before)
+    ndir.write_start(req)
+    return req.id
+
+
+def wait_started(ndir: NodeDir, req_id: str, *, timeout: float, node_id: str, log: Path,
+                 job_gone: Callable[[], bool]) -> None:
+    """Wait for the agent's answer to `req_id`; raise the runner's error if Ray failed or did
+    not come up. `job_gone` (asks Slurm) is called every QUERY_EVERY_S."""
+    deadline = time.monotonic() + timeout
+    next_query = time.monotonic() + QUERY_EVERY_S
+    while time.monotonic() < deadline:
+        res = ndir.read_result()
+        if res and res.id == req_id:
+            if res.ok:
+                return
+            raise runner_error(f"ray start failed in job {node_id}: {res.error} (log: {log})",
+                               1, "ray start")
+        if time.monotonic() >= next_query:
+            next_query = time.monotonic() + QUERY_EVERY_S
+            if job_gone():
+                break
+        time.sleep(0.5)
+    raise runner_error(f"Ray did not come up in job {node_id} (log: {log})", 1, "ray start")
+
+
+def stop_ray(ndir: NodeDir, timeout: float = 60.0) -> None:
+    """`ray stop`, scoped to this job: the agent stops its own Ray and nothing else."""
+    if not ndir.ray_up():
+        return
+    ndir.request_stop()
+    deadline = time.monotonic() + timeout
+    while ndir.ray_up() and time.monotonic() < deadline:
+        time.sleep(0.2)

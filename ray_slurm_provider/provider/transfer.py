@@ -1,0 +1,36 @@
+"""`ray rsync-up/down` and Ray's file mounts: copies on the shared filesystem.
+
+The login node and the compute nodes see the same user and home (every Slurm site has one
+shared filesystem), so a transfer is a local copy; nothing goes through the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ray_slurm_provider.state import ClusterDir
+
+BOOTSTRAP_FILES = ("~/ray_bootstrap_config.yaml",)
+
+
+def remote_path(cdir: ClusterDir, path: str) -> str:
+    """Where `path` on a node is. The head's autoscaler config is per cluster, not per
+    user's home: two clusters of one user must not overwrite each other's."""
+    if path.rstrip("/") in BOOTSTRAP_FILES:
+        return str(cdir.bootstrap_config)
+    return os.path.expanduser(path)
+
+
+def copy(src: str, dst: str) -> None:
+    """rsync-like copy (`dir/` copies the contents)."""
+    s = Path(os.path.expanduser(src))
+    if s.is_dir():
+        shutil.copytree(s, dst, dirs_exist_ok=True)
+        return
+    d = Path(dst)
+    if dst.endswith("/") or d.is_dir():
+        d = d / s.name
+    d.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(s, d)

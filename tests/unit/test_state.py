@@ -1,0 +1,111 @@
+"""The hand-off files: one typed reader and writer each, and JSON that stays as it was (agents of
+jobs queued with an older release, and the other side of each hand-off, read it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider.state import (
+    AgentInfo,
+    ClusterDir,
+    HeadInfo,
+    RayUp,
+    StartRequest,
+    StartResult,
+    read_json,
+    write_json,
+)
+
+
+def cdir(tmp_path: Path) -> ClusterDir:
+    c = ClusterDir(str(tmp_path), "c1")
+    c.create()
+    return c
+
+
+def test_node_files_keep_their_json(tmp_path: Path) -> None:
+    n = cdir(tmp_path).node("12_3")
+    assert n.path == tmp_path / "c1" / "nodes" / "12_3"
+    n.write_agent(AgentInfo(host="n1", pid=42, kind="worker", job_id="15"))
+    n.write_ray_up(RayUp(ip="10.0.0.1", job_id="15"))
+    n.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
+                               exports={"A": "$B"}, env={"C": "1"}, before=["echo hi"]))
+    assert read_json(n.path / "agent.json") == {"host": "n1", "pid": 42, "kind": "worker",
+                                                "job_id": "15"}
+    assert read_json(n.path / "ray.json") == {"ip": "10.0.0.1", "job_id": "15"}
+    assert read_json(n.path / "start.json") == {
+        "id": "r1", "ray_start": ["ray", "start", "--head"], "exports": {"A": "$B"},
+        "env": {"C": "1"}, "before": ["echo hi"]}
+    assert (n.path / "start.json").stat().st_mode & 0o777 == 0o600  # it carries the env
+    n.write_result(StartResult("r1", ok=True))
+    assert read_json(n.path / "result.json") == {"id": "r1", "ok": True}
+    n.write_result(StartResult("r2", ok=False, error="boom"))
+    assert read_json(n.path / "result.json") == {"id": "r2", "ok": False, "error": "boom"}
+    assert n.read_result() == StartResult("r2", ok=False, error="boom")
+    assert n.read_agent() == AgentInfo(host="n1", pid=42, kind="worker", job_id="15")
+    assert n.read_ray_up() == RayUp(ip="10.0.0.1", job_id="15")
+    assert n.read_start() == StartRequest(id="r1", ray_start=["ray", "start", "--head"],
+                                          exports={"A": "$B"}, env={"C": "1"},
+                                          before=["echo hi"])
+
+
+def test_missing_files_read_as_none_and_markers(tmp_path: Path) -> None:
+    n = cdir(tmp_path).node("7")
+    assert (n.read_agent(), n.read_ray_up(), n.read_start(), n.read_result()) == (None,) * 4
+    assert not n.agent_up() and not n.ray_up() and not n.stop_requested()
+    with pytest.raises(OSError):
+        n.request_stop()  # a node without a directory is gone: nothing to stop
+    n.write_ray_up(RayUp(ip="x", job_id="7"))
+    assert n.ray_up() and cdir(tmp_path).ray_up("7")
+    n.request_stop()
+    assert n.stop_requested() and (n.path / "stop").exists()
+    n.clear_stop()
+    n.clear_ray_up()
+    assert not n.stop_requested() and not n.ray_up() and not cdir(tmp_path).ray_up("7")
+
+
+def test_older_and_malformed_files(tmp_path: Path) -> None:
+    n = cdir(tmp_path).node("7")
+    # Agents older than job arrays wrote no job_id: the runner falls back to the node id.
+    write_json(n.path / "agent.json", {"host": "n1", "pid": 1, "kind": "head"})
+    assert n.read_agent() == AgentInfo(host="n1", pid=1, kind="head", job_id="")
+    # A newer writer's extra keys do not break an older reader.
+    write_json(n.path / "start.json", {"id": "r5", "ray_start": ["ray", "start"], "new": 1})
+    assert n.read_start() == StartRequest(id="r5", ray_start=["ray", "start"])
+    write_json(n.path / "result.json", {"ok": True})
+    with pytest.raises(ValueError, match=r"result\.json: malformed"):
+        n.read_result()
+
+
+def test_head_file(tmp_path: Path) -> None:
+    c = cdir(tmp_path)
+    assert c.read_head() is None
+    head = HeadInfo(job_id="5", ip="10.0.0.2", gcs_port=24000, dashboard_port=24001,
+                    client_port=24002)
+    c.write_head(head)
+    assert read_json(tmp_path / "c1" / "head.json") == {
+        "job_id": "5", "ip": "10.0.0.2", "gcs_port": 24000, "dashboard_port": 24001,
+        "client_port": 24002}
+    assert c.read_head() == head and c.head_file == tmp_path / "c1" / "head.json"
+    c.clear_head("4")  # a head that is no longer the current one leaves the file alone
+    assert c.read_head() == head
+    c.clear_head("5")
+    assert c.read_head() is None
+    c.write_head(head)
+    c.clear_head()  # `ray down`: whoever wrote it
+    assert not c.head_file.exists()
+    c.head_file.write_text("{not json")
+    with pytest.raises(ValueError):
+        c.read_head()
+
+
+def test_teardown_marker(tmp_path: Path) -> None:
+    c = cdir(tmp_path)
+    assert not c.teardown_marked()
+    c.mark_teardown()
+    assert c.teardown_marked() and (tmp_path / "c1" / "teardown").exists()
+    c.clear_teardown()
+    assert not c.teardown_marked()
+    ClusterDir(str(tmp_path / "missing"), "c1").mark_teardown()  # best effort, no error
