@@ -15,7 +15,7 @@ Design
   duplicates and strand live nodes. A created node is added to the snapshot at once; a
   terminated one leaves it at once.
 * PENDING/CONFIGURING/RUNNING/SUSPENDED jobs are nodes; COMPLETING and final states are not.
-* Workers start Ray themselves in their batch step (node.py) and report it through the
+* Workers start Ray themselves in their batch step (agent/) and report it through the
   cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
   check never kills a node that is still starting).
 * The constructor never raises and never calls Slurm: a raising constructor in the head's
@@ -155,7 +155,7 @@ class SlurmNodeProvider(NodeProvider):
         for job_id, rec in vanished_workers(before, nodes, self._gone):
             if self.cluster_dir.ray_up(job_id):
                 # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
-                # an orphan: its agent stops it (headwatch.py), so Ray sees the node leave.
+                # an orphan: its agent stops it (agent/headwatch.py), so Ray sees the node leave.
                 logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
                                job_id)
                 with contextlib.suppress(OSError):

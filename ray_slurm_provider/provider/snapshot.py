@@ -10,7 +10,7 @@ the tick may; most jobs have not changed since the last tick, so their records a
 * a job listed last tick in the same state with the same comment is the same node with the
   same tags, unless a tags file was written (`tags.gen`), a stray submission was found since,
   or it is a worker whose Ray may have come up meanwhile (status `setting-up`);
-* a worker's Ray, once seen up, stays up until its job ends (node.py), so it is not looked
+* a worker's Ray, once seen up, stays up until its job ends (agent/), so it is not looked
   for again, and a job that is not running cannot have come up.
 """
 
