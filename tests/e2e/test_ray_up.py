@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e import procfs
 from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -42,17 +43,7 @@ def cluster(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def ray_pids_of(job_ids: list[str]) -> list[int]:
     """PIDs of processes that belong to these jobs' Ray (their temp dirs are named after the
     job id)."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(f"rsp-{j}" in cmd for j in job_ids):
-            pids.append(int(p.name))
-    return pids
+    return [pid for pid, cmd in procfs.cmdlines() if any(f"rsp-{j}" in cmd for j in job_ids)]
 
 
 def test_head_is_a_running_slurm_job(cluster: RayCluster) -> None:
