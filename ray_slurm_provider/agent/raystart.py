@@ -110,16 +110,20 @@ def ray_start_argv(
     ngpu = res.get("GPU", gpus)
     if ngpu is not None:
         argv = _add(argv, "--num-gpus", ngpu)
-    memory = res.get("memory", mem)
-    if memory is not None:
-        argv = _add(argv, "--memory", memory)
-    # The object store's share comes out of the job's allocation (not on top of it).
-    basis = mem if mem is not None else memory
+    # The object store's share comes out of the job's allocation, as Ray's own rule takes it
+    # out of the node's memory: Ray's `memory` is what is left (never the whole allocation).
+    basis = mem if mem is not None else res.get("memory")
     osm = spec.object_store_memory or (
         int(basis * spec.object_store_fraction) if basis else None
     )
     if osm is not None:
-        argv = _add(argv, "--object-store-memory", max(osm, 78643200))
+        osm = max(osm, 78643200)
+        argv = _add(argv, "--object-store-memory", osm)
+    memory = res.get("memory")
+    if memory is None and mem is not None:  # the store as given (maybe on the YAML's line)
+        memory = max(mem - int(shellcmd.get_flag(argv, "--object-store-memory") or 0), 0)
+    if memory is not None:
+        argv = _add(argv, "--memory", memory)
     custom = {k: v for k, v in res.items() if k not in STANDARD}
     if custom:
         argv = _add(argv, "--resources", json.dumps(custom, sort_keys=True))

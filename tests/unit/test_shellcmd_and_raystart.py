@@ -116,7 +116,9 @@ def test_worker_start_gets_allocation_ports_and_ids(tmp_path: Path) -> None:
     assert "--node-ip-address=127.0.0.3" in argv
     assert "--num-cpus=1" in argv  # the node type's resources win over the allocation
     assert "--num-gpus=1" in argv
-    assert f"--memory={1000 * 1024 * 1024}" in argv
+    # Issue 14.6: the object store comes out of the allocation, not on top of it.
+    mib = 1024 * 1024
+    assert f"--memory={700 * mib}" in argv and f"--object-store-memory={300 * mib}" in argv
     assert '--resources={"acc": 2}' in argv
     assert "--temp-dir=/tmp/rsp-77" in argv and argv[-1] == "--block"
     assert "--dashboard-agent-listen-port=0" in argv
@@ -154,3 +156,27 @@ def test_port_blocks_differ_per_cluster_and_are_stable() -> None:
     a, b = port_block("one", user="u"), port_block("two", user="u")
     assert a != b and port_block("one", user="u") == a
     assert 24000 <= a.base < 32000 and port_block("x", 30000).base == 30000
+
+
+def test_memory_and_object_store_fit_the_allocation_with_every_source(tmp_path: Path) -> None:
+    """Issue 14.6: Ray was offered 130 % of the job's memory."""
+    mib = 1024 * 1024
+
+    def flags(**kw: object) -> dict[str, int]:
+        argv, _ = ray_start_argv(
+            _spec("worker", **kw), shellcmd.parse("ray start --address=x:1"),
+            env={"SLURM_CPUS_ON_NODE": "1", "SLURM_MEM_PER_NODE": "4000"}, job_id="1",
+            node_ip="127.0.0.3", head_ip="127.0.0.2", temp_dir="/tmp/rsp-1",
+            cluster_dir=ClusterDir(str(tmp_path), "c1"))
+        return {k: int(shellcmd.get_flag(argv, k) or 0)
+                for k in ("--memory", "--object-store-memory")}
+
+    auto = flags()
+    assert auto == {"--memory": 2800 * mib, "--object-store-memory": 1200 * mib}
+    pinned = flags(object_store_memory=1000 * mib)
+    assert pinned == {"--memory": 3000 * mib, "--object-store-memory": 1000 * mib}
+    # `resources.memory` (what `ray up` fills in: the allocation less the store) is kept.
+    given = flags(resources={"memory": 2800 * mib})
+    assert given == {"--memory": 2800 * mib, "--object-store-memory": 1200 * mib}
+    for f in (auto, pinned, given):
+        assert sum(f.values()) <= 4000 * mib
