@@ -8,8 +8,11 @@ the head itself, cheaply and without asking Slurm:
 * `head.json` in the cluster directory is removed by the head agent when the head's Ray
   stops (the head job ended, was cancelled, or `ray up` restarts Ray), and rewritten with
   another job id when a new head takes over: either means this worker's GCS is gone;
-* if the head dies without cleaning up (node failure, SIGKILL), its GCS port stops accepting
-  connections: after `grace_s` of that, the head counts as gone;
+* if the head dies without cleaning up (SIGKILL, an OOM kill), its host refuses connections
+  to the GCS port: after `grace_s` (Ray's own 60 s) of refusals, the head counts as gone.
+  A connect that times out or finds no route is no evidence (a network blip, a switch
+  reboot): it neither counts nor resets the count. A head whose node dies is seen by Slurm,
+  which ends the head job, and head.json then goes;
 * the provider writes `nodes/<job id>/stop` when a worker's job has left Slurm's active list
   while its Ray still runs: a node set DOWN by an administrator leaves the job's processes
   running (orphans) although Slurm has ended the job and may give its CPUs to others.
@@ -26,15 +29,19 @@ from ray_slurm_provider.state import ClusterDir, HeadInfo, NodeDir
 
 PERIOD_S = 2.0  # the files: a stat each on the shared filesystem
 CONNECT_EVERY_S = 5.0  # the GCS port: one TCP connect
-GRACE_S = 30.0
+GRACE_S = 60.0  # Ray's gcs_rpc_server_reconnect_timeout_s
 
 
-def gcs_accepts(ip: str, port: int, timeout: float = 2.0) -> bool:
+def probe_gcs(ip: str, port: int, timeout: float = 2.0) -> str:
+    """"open", "refused" (the host answered: nothing listens there) or "timeout" (no answer:
+    a timeout, no route, a network that is down)."""
     try:
         with socket.create_connection((ip, port), timeout=timeout):
-            return True
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
     except OSError:
-        return False
+        return "timeout"
 
 
 class HeadWatch:
@@ -42,7 +49,7 @@ class HeadWatch:
 
     def __init__(self, cdir: ClusterDir, head: HeadInfo, *, node: NodeDir | None = None,
                  grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic,
-                 connect: Callable[[str, int], bool] = gcs_accepts) -> None:
+                 connect: Callable[[str, int], str] = probe_gcs) -> None:
         self.cdir = cdir
         self.node = node  # whose `stop` file to watch
         self.job_id = head.job_id
@@ -70,9 +77,12 @@ class HeadWatch:
         if now < self._next_connect:
             return None
         self._next_connect = now + CONNECT_EVERY_S
-        if self._connect(self.ip, self.port):
+        answer = self._connect(self.ip, self.port)
+        if answer == "open":
             self._unreachable_since = None
             return None
+        if answer != "refused":
+            return None  # no answer is no evidence either way
         if self._unreachable_since is None:
             self._unreachable_since = now
         if now - self._unreachable_since >= self.grace_s:

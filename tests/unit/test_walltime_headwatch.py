@@ -105,18 +105,19 @@ def test_provider_reports_the_head_time_from_its_listing(tmp_path: Path) -> None
 class Port:
     def __init__(self) -> None:
         self.open = True
+        self.timeout = False  # the network does not answer at all (a blip, a switch reboot)
         self.calls = 0
 
-    def __call__(self, ip: str, port: int) -> bool:
+    def __call__(self, ip: str, port: int) -> str:
         self.calls += 1
-        return self.open
+        return "timeout" if self.timeout else "open" if self.open else "refused"
 
 
 def watch(tmp_path: Path, clock: FakeClock, port: Port) -> tuple[HeadWatch, ClusterDir]:
     cdir = ClusterDir(str(tmp_path), "c1")
     head = HeadInfo(job_id="7", ip="127.0.0.2", gcs_port=24000)
     cdir.write_head(head)
-    return HeadWatch(cdir, head, node=cdir.node("9"), grace_s=30, clock=clock,
+    return HeadWatch(cdir, head, node=cdir.node("9"), grace_s=60, clock=clock,
                      connect=port), cdir
 
 
@@ -135,16 +136,33 @@ def test_unreachable_gcs_counts_only_after_grace(tmp_path: Path) -> None:
     w, _ = watch(tmp_path, clock, port)
     port.open = False
     assert w.check() is None
-    clock.advance(20)
+    clock.advance(50)
     assert w.check() is None
-    port.open = True  # a blip: the count starts again
+    port.open = True  # it answered again: the count starts again
     clock.advance(5)
     assert w.check() is None
     port.open = False
     clock.advance(5)
     assert w.check() is None
+    clock.advance(60)
+    assert "refused connections for 60s" in (w.check() or "")
+
+
+def test_a_network_blip_is_no_evidence_the_head_is_gone(tmp_path: Path) -> None:
+    """Issue 14.8: connect timeouts counted like refusals, so a 30 s blip ended every worker.
+    Only a refusal (the head's host answers, nothing listens) counts, for Ray's own 60 s."""
+    clock, port = FakeClock(), Port()
+    w, _ = watch(tmp_path, clock, port)
+    port.timeout = True
+    for _ in range(60):  # ten minutes without an answer
+        assert w.check() is None
+        clock.advance(10)
+    port.timeout, port.open = False, False
+    assert w.check() is None
     clock.advance(30)
-    assert "refused connections for 30s" in (w.check() or "")
+    assert w.check() is None  # 30 s of refusals is within Ray's own 60 s
+    clock.advance(31)
+    assert "refused connections" in (w.check() or "")
 
 
 def test_gcs_is_probed_at_most_every_5s(tmp_path: Path) -> None:
