@@ -46,6 +46,10 @@ def slurm_client(spec: NodeSpec) -> SlurmClient:
                             "provider"))
 
 
+class Stopping(RuntimeError):
+    """The job was told to stop (TERM) before this step: the role ends without Ray."""
+
+
 class Agent:
     """One job's agent; a role (HeadAgent, WorkerAgent) implements `run`."""
 
@@ -60,6 +64,9 @@ class Agent:
         self.child: Any = None
         self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
+        # Set once the TERM has been acted on (the terminator thread); waits end on it.
+        self._stopped = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
         self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id)
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
@@ -75,8 +82,28 @@ class Agent:
     def node_ip(self) -> str:
         return node_ip(self.env, self.spec.node_ip_interface, self.slurm)
 
-    def on_term(self, signum: int, _frame: Any) -> None:
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        """The TERM/INT handler: a flag and one byte to the terminator thread, nothing else
+        (printing or reading files here can deadlock or raise inside the main thread's own
+        I/O). Setup steps and back-offs check the flag, so Ray never starts after it."""
         self.terminating = True
+        os.write(self._wake_w, bytes([signum & 0xFF]))
+
+    def _terminator(self) -> None:
+        while True:
+            signum = os.read(self._wake_r, 1)
+            if not signum:
+                return
+            self.on_term(signum[0], None)
+
+    def pause(self, seconds: float) -> None:
+        """A back-off that ends early when the job is told to stop."""
+        self._stopped.wait(seconds)
+
+    def on_term(self, signum: int, _frame: Any) -> None:
+        """Stop this job's Ray (and its container): the terminator thread, or the head watch."""
+        self.terminating = True
+        self._stopped.set()
         if self.child is not None and self.child.poll() is None:
             if self.head_going():
                 # Ray's drain would wait for a GCS that is gone (`ray down`: the head stops
@@ -101,8 +128,12 @@ class Agent:
         """Run `ray start --block`; stream its output; call on_started once Ray is up."""
         if self.container is not None:
             self.container.remove()  # a previous run's container of this job, if any
+        if self.terminating:
+            raise Stopping("told to stop before Ray started")
         log("starting: " + " ".join(argv))
         self.child = proc.start(argv, env=env)
+        if self.terminating:  # the TERM came while it started: on_term saw no child yet
+            self.child.send_signal(signal.SIGTERM)
         assert self.child.stdout is not None
         for line in self.child.stdout:
             sys.stdout.write(line)
@@ -115,6 +146,8 @@ class Agent:
 
     def run_before(self, cmds: list[str], env: dict[str, str]) -> None:
         for c in cmds:
+            if self.terminating:
+                raise Stopping(f"told to stop before: {c}")
             log(f"running: {c}")
             res = proc.run(["bash", "-c", c], env=env, timeout=3600, check=False)
             sys.stdout.write(res.stdout + res.stderr)
@@ -188,8 +221,9 @@ class Agent:
             log(f"could not sweep old containers: {e}")
 
     def main(self) -> int:
-        signal.signal(signal.SIGTERM, self.on_term)
-        signal.signal(signal.SIGINT, self.on_term)
+        threading.Thread(target=self._terminator, daemon=True, name="terminator").start()
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
         self.ndir.write_agent(AgentInfo(host=self.env.get("SLURMD_NODENAME", ""),
                                         pid=os.getpid(), kind=self.spec.kind,
                                         job_id=self.job_id))

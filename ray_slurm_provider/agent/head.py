@@ -14,7 +14,7 @@ import threading
 import time
 
 from ray_slurm_provider import proc, shellcmd
-from ray_slurm_provider.agent.agent import Agent, log
+from ray_slurm_provider.agent.agent import Agent, Stopping, log
 from ray_slurm_provider.state import StartRequest, StartResult
 
 
@@ -105,12 +105,17 @@ class HeadAgent(Agent):
         # A busy node can make Ray's own start-up deadlines fire ("The current node timed
         # out during startup"): retry like a worker does before telling `ray up` it failed.
         for attempt in range(1, self.spec.attempts + 1):
-            code = self.run_ray(argv, env, up)
+            try:
+                code = self.run_ray(argv, env, up)
+            except Stopping as e:
+                log(f"{e}; the job ends")
+                code = 1
+                break
             if started or self.terminating or attempt == self.spec.attempts:
                 break
             log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code}); "
                 "retrying")
-            time.sleep(min(2**attempt, 30))
+            self.pause(min(2**attempt, 30))
             try:
                 _wait_gcs_port_free(argv)
             except RuntimeError as e:

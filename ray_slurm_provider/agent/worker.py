@@ -8,11 +8,10 @@ line, and ends the job soon after its head is gone (headwatch.py).
 from __future__ import annotations
 
 import signal
-import time
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent import headwatch
-from ray_slurm_provider.agent.agent import Agent, log
+from ray_slurm_provider.agent.agent import Agent, Stopping, log
 from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
 
 
@@ -32,6 +31,9 @@ class WorkerAgent(Agent):
                     self.watch_head()
 
                 code = self.run_ray(argv, env, up)
+            except Stopping as e:
+                log(f"{e}; the job ends")
+                return 0
             except (RuntimeError, proc.CommandError) as e:
                 log(f"ray start attempt {attempt} failed: {e}")
                 code = 1
@@ -40,7 +42,7 @@ class WorkerAgent(Agent):
                 return code
             log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code})")
             if attempt < self.spec.attempts:
-                time.sleep(min(2**attempt, 30))
+                self.pause(min(2**attempt, 30))
         log("giving up: Ray never started on this node; ending the job so the autoscaler "
             "can replace it")
         return 1

@@ -11,7 +11,6 @@ import pytest
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.agent import head as head_role
-from ray_slurm_provider.agent import worker as worker_role
 from ray_slurm_provider.agent.agent import Agent, slurm_client
 from ray_slurm_provider.agent.head import HeadAgent
 from ray_slurm_provider.agent.worker import WorkerAgent
@@ -52,7 +51,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[FakeCh
 
     monkeypatch.setattr(proc, "start", start)
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
-    monkeypatch.setattr(worker_role.time, "sleep", lambda s: None)  # the retry backoff
+    monkeypatch.setattr(a, "pause", lambda s: None)  # the retry backoff
     return a, started
 
 
@@ -101,7 +100,7 @@ def test_head_start_is_retried_before_ray_up_hears_of_it(
                 FakeChild(["Ray runtime started.\n"], 0)]
     monkeypatch.setattr(proc, "start", lambda argv, env=None: children.pop(0))
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
-    monkeypatch.setattr(head_role.time, "sleep", lambda s: None)
+    monkeypatch.setattr(a, "pause", lambda s: None)
     monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
     monkeypatch.setattr(HeadAgent, "watch", lambda self, req_id: None)
     assert a.head_once(StartRequest(id="r1", ray_start=["ray", "start", "--head"])) == 0
@@ -195,3 +194,47 @@ def test_the_agent_imports_nothing_of_the_provider_or_the_cli() -> None:
     assert {"ray_slurm_provider.agent.head", "ray_slurm_provider.agent.worker"} <= deps
     assert not {d for d in deps
                 if d.startswith(("ray_slurm_provider.provider", "ray_slurm_provider.cli"))}
+
+
+# --- issue 14.3: a TERM during setup stops at the next step boundary --------------------------
+def test_term_during_setup_never_starts_ray(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    a, started = agent(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 0)])
+    ran: list[str] = []
+
+    def run(argv: list[str], **kw: Any) -> Any:
+        ran.append(argv[-1])
+        a.on_signal(15, None)  # Slurm's TERM arrives while the first setup command runs
+        return proc.Result(argv, 0, "", "")
+
+    monkeypatch.setattr(proc, "run", run)
+    a.spec.start_commands = ["echo one", "echo two", "ray start --address=x:1"]
+    a.run()
+    assert ran == ["echo one"] and started == []  # no second command, and no Ray
+
+
+def test_term_during_the_retry_back_off_never_starts_ray_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, started = agent(tmp_path, monkeypatch, [
+        FakeChild(["The current node timed out during startup.\n"], 1),
+        FakeChild(["Ray runtime started.\n"], 0)])
+    monkeypatch.setattr(a, "pause", lambda s: a.on_signal(15, None))
+    a.run()
+    assert len(started) == 1
+
+
+def test_the_signal_handler_does_no_io(tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler that prints or reads files can deadlock or raise in the middle of the main
+    thread's own I/O; it only sets a flag and writes one byte to a pipe."""
+    a, _ = agent(tmp_path, monkeypatch, [])
+
+    def io(*_: Any, **__: Any) -> Any:
+        raise AssertionError("I/O in the signal handler")
+
+    monkeypatch.setattr(head_role, "log", io, raising=False)
+    monkeypatch.setattr("ray_slurm_provider.agent.agent.log", io)
+    monkeypatch.setattr(a.cdir, "read_head", io)
+    a.child = FakeChild([], 0)
+    a.on_signal(15, None)
+    assert a.terminating
