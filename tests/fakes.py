@@ -39,11 +39,14 @@ OUTAGE_MESSAGES = {
     "cluster_info": "slurm_load_node error: Unable to contact slurm controller (connect failure)",
     "node_addresses": "slurm_load_node error: Unable to contact slurm controller "
                       "(connect failure)",
+    "node_address": "slurm_load_node error: Unable to contact slurm controller "
+                    "(connect failure)",
 }
 BAD_PARTITION = "sbatch: error: Batch job submission failed: Invalid partition name specified"
 #: The Slurm command behind each method, as the CLI client names it in its errors.
 COMMANDS = {"submit": "sbatch", "submit_array": "sbatch", "list_jobs": "squeue",
-            "cancel": "scancel", "cluster_info": "scontrol", "node_addresses": "scontrol"}
+            "cancel": "scancel", "cluster_info": "scontrol", "node_addresses": "scontrol",
+            "node_address": "scontrol"}
 
 _FINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -207,6 +210,12 @@ class FakeSlurm:
         with self._lock:
             self._enter("node_addresses")
             return {n.name: n.addr for n in self.nodes.values()}
+
+    def node_address(self, name: str) -> str | None:
+        with self._lock:
+            self._enter("node_address")
+            node = self.nodes.get(name)
+            return node.addr if node else None
 
     # --- internals ------------------------------------------------------------------------------
 

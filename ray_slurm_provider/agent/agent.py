@@ -80,7 +80,7 @@ class Agent:
 
     # --- plumbing -------------------------------------------------------------------------
     def node_ip(self) -> str:
-        return node_ip(self.env, self.spec.node_ip_interface, self.slurm)
+        return node_ip(self.env, self.spec.node_ip_interface, self.slurm, pause=self.pause)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         """The TERM/INT handler: a flag and one byte to the terminator thread, nothing else

@@ -15,6 +15,7 @@ import time
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent.agent import Agent, Stopping, log
+from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import StartRequest, StartResult
 
 
@@ -87,7 +88,7 @@ class HeadAgent(Agent):
             argv, env = self.build(prog, dict(req.env))
             _wait_gcs_port_free(argv)
             self.run_before(prog.before, env)
-        except (RuntimeError, proc.CommandError) as e:
+        except (RuntimeError, proc.CommandError, SlurmError) as e:
             log(f"head start failed: {e}")
             self.ndir.write_result(StartResult(req.id, ok=False, error=str(e)))
             self.interrupted = True  # let `ray up` try again

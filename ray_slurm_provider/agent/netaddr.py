@@ -7,10 +7,11 @@ reach the node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.slurm.client import SlurmClient
+from ray_slurm_provider.slurm.client import SlurmClient, TransientSlurmError
 
 
 def interface_ip(name: str) -> str:
@@ -23,14 +24,26 @@ def interface_ip(name: str) -> str:
     raise RuntimeError(f"interface {name!r} has no IPv4 address")
 
 
-def node_ip(env: Mapping[str, str], interface: str | None, slurm: SlurmClient) -> str:
-    """This job's node address: `interface`'s, else the NodeAddr `slurm` knows the node by."""
+def node_ip(env: Mapping[str, str], interface: str | None, slurm: SlurmClient, *,
+            pause: Callable[[float], None] = time.sleep, deadline_s: float = 300.0) -> str:
+    """This job's node address: `interface`'s, else the NodeAddr Slurm knows this job's node
+    (SLURMD_NODENAME) by. A controller that does not answer (a stall, a restart) is waited
+    for up to `deadline_s`, so every node starting meanwhile does not die of it."""
     if interface:
         return interface_ip(interface)
     name = env.get("SLURMD_NODENAME", "")
     if not name:
         raise RuntimeError("SLURMD_NODENAME is not set: not running inside a Slurm job?")
-    addr = slurm.node_addresses().get(name)
+    waited, delay = 0.0, 2.0
+    while True:
+        try:
+            addr = slurm.node_address(name)
+            break
+        except TransientSlurmError:
+            if waited >= deadline_s:
+                raise
+            pause(delay)
+            waited, delay = waited + delay, min(delay * 2, 30.0)
     if not addr:
         raise RuntimeError(f"Slurm does not know the address of node {name!r}")
     return addr

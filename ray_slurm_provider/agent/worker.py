@@ -13,6 +13,7 @@ from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent import headwatch
 from ray_slurm_provider.agent.agent import Agent, Stopping, log
 from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
+from ray_slurm_provider.slurm.client import SlurmError
 
 
 class WorkerAgent(Agent):
@@ -34,7 +35,7 @@ class WorkerAgent(Agent):
             except Stopping as e:
                 log(f"{e}; the job ends")
                 return 0
-            except (RuntimeError, proc.CommandError) as e:
+            except (RuntimeError, proc.CommandError, SlurmError) as e:
                 log(f"ray start attempt {attempt} failed: {e}")
                 code = 1
             if started or self.terminating:

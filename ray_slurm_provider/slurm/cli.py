@@ -182,6 +182,14 @@ class CliSlurmClient:
         with self._addr_lock:
             return dict(self._addrs)
 
+    def node_address(self, name: str) -> str | None:
+        """`scontrol show node <name>`: one node's record, not the whole table."""
+        out = self._run("scontrol", ["show", "node", name, "--oneliner"])
+        for r in parse.parse_scontrol_records(out, "NodeName"):
+            if r.get("NodeName") == name:
+                return _node(r).addr
+        return None
+
     # --- helpers --------------------------------------------------------------------------
 
     def _nodes(self) -> list[tuple[Node, list[str]]]:

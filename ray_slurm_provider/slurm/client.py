@@ -158,6 +158,10 @@ class SlurmClient(Protocol):
         """Node name -> NodeAddr for every node."""
         ...
 
+    def node_address(self, name: str) -> str | None:
+        """One node's NodeAddr (None: Slurm has no such node), asking for that node alone."""
+        ...
+
 
 @runtime_checkable
 class ArraySubmitter(Protocol):

@@ -182,6 +182,9 @@ class PyslurmSlurmClient:
             default=bool(p.is_default), state=str(p.state or "UP")) for p in parts.values())
         return ClusterInfo(self._release, out)
 
+    def node_address(self, name: str) -> str | None:
+        return self.node_addresses().get(name)
+
     def node_addresses(self) -> Mapping[str, str]:
         self._nodes()
         return dict(self._addrs)

@@ -126,6 +126,7 @@ def test_cluster_info(client: SlurmClient) -> None:
     assert {n.addr for n in cpu.nodes} == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
     assert cpu.cpus_per_node >= 1 and cpu.memory_mb_per_node > 0
     assert client.node_addresses() == {"n1": "127.0.0.2", "n2": "127.0.0.3", "n3": "127.0.0.4"}
+    assert client.node_address("n2") == "127.0.0.3"  # `scontrol show node n2` alone
 
 
 def test_bad_partition_is_permanent(client: SlurmClient, name: str) -> None:

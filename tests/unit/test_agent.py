@@ -238,3 +238,36 @@ def test_the_signal_handler_does_no_io(tmp_path: Path,
     a.child = FakeChild([], 0)
     a.on_signal(15, None)
     assert a.terminating
+
+
+# --- issue 14.2: a Slurm hiccup at node start ---------------------------------------------------
+def test_node_address_survives_a_controller_stall_and_asks_for_one_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray_slurm_provider.agent.netaddr import node_ip
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    fake = FakeSlurm()
+    for _ in range(3):  # slurmctld does not answer for a while
+        fake.fail_next("node_address", TransientSlurmError("x", "Unable to contact slurm "
+                                                                  "controller", "scontrol"))
+    waited: list[float] = []
+    assert node_ip({"SLURMD_NODENAME": "n2"}, None, fake, pause=waited.append) == "127.0.0.3"
+    assert len(waited) == 3 and fake.calls["node_address"] == 4
+    assert fake.calls["node_addresses"] == 0  # one node, never the whole table
+
+
+def test_a_permanent_slurm_error_at_start_is_a_failed_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray_slurm_provider.slurm.client import PermanentSlurmError
+
+    a, started = agent(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 0)])
+    calls = iter([PermanentSlurmError("x", "Invalid node name specified", "scontrol")])
+
+    def flaky(self: Agent) -> str:
+        err = next(calls, None)
+        if err is not None:
+            raise err
+        return "127.0.0.3"
+
+    monkeypatch.setattr(Agent, "node_ip", flaky)
+    assert a.run() == 0 and len(started) == 1  # retried like a failed `ray start`

@@ -378,3 +378,9 @@ def test_binaries_override(fake: FakeRun) -> None:
 
 def test_list_states_cover_active_and_completing() -> None:
     assert set(LIST_STATES.split(",")) == ACTIVE_STATES | {"COMPLETING"}
+
+
+def test_node_address_asks_for_one_node(fake: FakeRun) -> None:
+    """Issue 14.2: a starting node asks for its own record, not the whole node table."""
+    assert CliSlurmClient().node_address("n2") == "127.0.0.3"
+    assert fake.calls[-1].argv[1:5] == ["show", "node", "n2", "--oneliner"]

@@ -242,6 +242,9 @@ class RestSlurmClient:
                                       command="slurmrestd") from e
         return ClusterInfo(release or rest_parse.version(data), parts)
 
+    def node_address(self, name: str) -> str | None:
+        return self.node_addresses().get(name)
+
     def node_addresses(self) -> Mapping[str, str]:
         self._nodes()
         with self._addr_lock:
