@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ray_slurm_provider import shellcmd
 from ray_slurm_provider.config import NodeConfig, ProviderConfig, parse_node_config, parse_provider
 from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
 from ray_slurm_provider.schema import ConfigError
@@ -136,10 +137,25 @@ def check_scaling(raw: Mapping[str, Any]) -> None:
                               f"{int(high)}; valid: 0 to {int(high)}")
 
 
+def check_start_commands(raw: Mapping[str, Any]) -> None:
+    """Nothing may follow `ray start` in its command: Ray runs it with --block here (it lives
+    as long as the job), so what follows would silently never run."""
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        for i, cmd in enumerate(_strs(raw.get(key))):
+            prog = shellcmd.parse(cmd)
+            after = prog.rest if prog.ray_start is not None else []
+            if after:
+                raise ConfigError(
+                    f"{key}[{i}]: {'; '.join(after)!r} follows `ray start`, which never "
+                    "returns here (the node agent runs it with --block for the job's life); "
+                    "put it before `ray start` or in the setup commands")
+
+
 def parse_cluster(raw: Mapping[str, Any]) -> ClusterConfig:
     """The whole cluster YAML (after Ray's own defaults); ConfigError names the key path."""
     name = check_name(str(raw.get("cluster_name", "")), "cluster_name")
     check_scaling(raw)
+    check_start_commands(raw)
     provider = parse_provider(raw.get("provider") or {})
     types = raw.get("available_node_types") or {}
     if not types:

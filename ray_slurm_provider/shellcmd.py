@@ -18,37 +18,34 @@ from dataclasses import dataclass, field
 _EXPORT = re.compile(r"^export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
 
-def split_top_level(cmd: str) -> list[str]:
-    """Split at `;`, `&&`, `||` and newlines outside quotes; keep each part's raw text."""
-    parts: list[str] = []
-    buf: list[str] = []
-    quote = ""
-    i = 0
+def _spans(cmd: str) -> list[tuple[int, int]]:
+    """(start, end) of each part between top-level `;`, `&&`, `||` and newlines."""
+    spans: list[tuple[int, int]] = []
+    start, quote, i = 0, "", 0
     while i < len(cmd):
         c = cmd[i]
         if quote:
-            buf.append(c)
             if c == "\\" and quote == '"' and i + 1 < len(cmd):
-                buf.append(cmd[i + 1])
                 i += 1
             elif c == quote:
                 quote = ""
         elif c == "\\" and i + 1 < len(cmd):
-            buf.append(c + cmd[i + 1])
             i += 1
         elif c in "'\"":
             quote = c
-            buf.append(c)
         elif c in ";\n" or cmd.startswith("&&", i) or cmd.startswith("||", i):
-            parts.append("".join(buf))
-            buf = []
+            spans.append((start, i))
             if c in "&|":
                 i += 1
-        else:
-            buf.append(c)
+            start = i + 1
         i += 1
-    parts.append("".join(buf))
-    return [p.strip() for p in parts if p.strip()]
+    spans.append((start, len(cmd)))
+    return [(a, b) for a, b in spans if cmd[a:b].strip()]
+
+
+def split_top_level(cmd: str) -> list[str]:
+    """Split at `;`, `&&`, `||` and newlines outside quotes; keep each part's raw text."""
+    return [cmd[a:b].strip() for a, b in _spans(cmd)]
 
 
 def _words(segment: str) -> list[str]:
@@ -67,7 +64,10 @@ class Program:
     """A parsed command string."""
 
     exports: dict[str, str] = field(default_factory=dict)  # raw, still to be expanded
-    before: list[str] = field(default_factory=list)  # shell parts before `ray start`
+    before: list[str] = field(default_factory=list)  # earlier commands, each its own shell
+    #: What precedes `ray start` in its own command (`ulimit -n 65536; cd /x &&`), raw: it
+    #: must run in the shell that becomes Ray, or it has no effect on Ray.
+    prefix: str = ""
     ray_start: list[str] | None = None  # argv of `ray start ...`
     ray_stop: bool = False
     shutdown: bool = False  # `sudo shutdown ...` from `ray exec --stop`
@@ -79,28 +79,59 @@ def parse(cmd: str) -> Program:
 
 
 def parse_commands(cmds: list[str]) -> Program:
-    """`parse("; ".join(cmds))` without the join: each command is split on its own, as Ray
-    runs each on its own (a quote left open in one cannot swallow the next)."""
+    """The program of a command list, each command split on its own as Ray runs each on its
+    own (a quote left open in one cannot swallow the next). Plain shell that precedes
+    `ray start` in its own command is kept raw in `prefix`, to run in Ray's own shell."""
     prog = Program()
-    for seg in (s for c in cmds for s in split_top_level(c)):
-        m = _EXPORT.match(seg)
-        words = _words(seg)
-        if m and len(words) == 2:
-            prog.exports[m.group(1)] = words[1].split("=", 1)[1]
-        elif is_ray(words, "start"):
-            prog.ray_start = words
-        elif is_ray(words, "stop"):
-            prog.ray_stop = True
-        elif (words[:1] == ["sudo"] and "shutdown" in words[1:2]) or words[:1] == ["shutdown"]:
-            prog.shutdown = True
-        elif prog.ray_start is None:
-            prog.before.append(seg)
-        else:
-            prog.rest.append(seg)
+    for c in cmds:
+        spans = _spans(c)
+        first = next((a for a, b in spans if is_ray(_words(c[a:b]), "start")), None)
+        in_prefix = False
+        for a, b in spans:
+            seg = c[a:b].strip()
+            if not _classify(prog, seg):
+                continue
+            if first is not None and a < first:
+                in_prefix = True
+            elif prog.ray_start is None:
+                prog.before.append(seg)
+            else:
+                prog.rest.append(seg)
+        if in_prefix:
+            prog.prefix = c[:first].strip()
     if prog.ray_start is None:
         prog.rest = prog.before + prog.rest
         prog.before = []
     return prog
+
+
+def is_export(seg: str) -> bool:
+    """`export NAME=value` (one word after `export`)."""
+    return bool(_EXPORT.match(seg)) and len(_words(seg)) == 2
+
+
+def _classify(prog: Program, seg: str) -> bool:
+    """Record an export, `ray start`/`stop` or a shutdown in `prog`; True for plain shell."""
+    words = _words(seg)
+    if is_export(seg):
+        prog.exports[seg.split("=", 1)[0].split()[-1]] = words[1].split("=", 1)[1]
+    elif is_ray(words, "start"):
+        prog.ray_start = words
+    elif is_ray(words, "stop"):
+        prog.ray_stop = True
+    elif (words[:1] == ["sudo"] and "shutdown" in words[1:2]) or words[:1] == ["shutdown"]:
+        prog.shutdown = True
+    else:
+        return True
+    return False
+
+
+def in_shell(prefix: str, argv: list[str]) -> list[str]:
+    """`argv` run by the shell that first runs `prefix` (`ulimit -n 65536; cd /x &&`), so
+    what the prefix sets reaches the process; `exec` keeps it the caller's own child."""
+    if not prefix:
+        return argv
+    return ["bash", "-c", f'{prefix}\nexec "$@"', "ray-slurm-start", *argv]
 
 
 def has_flag(argv: list[str], flag: str) -> bool:

@@ -114,6 +114,7 @@ class StartRequest:
     exports: dict[str, str] = field(default_factory=dict)  # raw, still to be expanded
     env: dict[str, str] = field(default_factory=dict)
     before: list[str] = field(default_factory=list)  # shell commands to run first
+    prefix: str = ""  # shell that precedes `ray start` in its command: runs in Ray's shell
 
 
 @dataclass(frozen=True)

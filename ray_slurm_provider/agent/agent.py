@@ -172,8 +172,8 @@ class Agent:
             head_port=head.gcs_port if head else None,
         )
         if self.container is not None:
-            argv, env = self.container.wrap(argv, env)
-        return argv, env
+            return self.container.wrap(argv, env, prefix=prog.prefix)
+        return shellcmd.in_shell(prog.prefix, argv), env
 
     def mark_started(self, argv: list[str], env: dict[str, str]) -> None:
         ip = shellcmd.get_flag(argv, "--node-ip-address") or ""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ray_slurm_provider import proc
+from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.config import ContainerConfig
 from ray_slurm_provider.runtimes import RunContext, get_runtime
 from ray_slurm_provider.runtimes.docker import is_tar
@@ -136,9 +136,11 @@ class NodeContainer:
         out.update(self.cfg.environment)
         return out
 
-    def wrap(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        """`ray start ...` as run inside the container; the env the runtime's CLI needs."""
-        inner = [self.cfg.ray_command, *argv[1:]]
+    def wrap(self, argv: list[str], env: dict[str, str],
+             prefix: str = "") -> tuple[list[str], dict[str, str]]:
+        """`ray start ...` as run inside the container (after `prefix`, in Ray's own shell
+        there); the env the runtime's CLI needs."""
+        inner = shellcmd.in_shell(prefix, [self.cfg.ray_command, *argv[1:]])
         cenv = self.container_env(env)
         return self.rt.run(self.ctx, inner, cenv), {**env, **cenv}
 

@@ -83,7 +83,7 @@ class HeadAgent(Agent):
 
     def head_once(self, req: StartRequest) -> int:
         prog = shellcmd.Program(exports=dict(req.exports), before=list(req.before),
-                                ray_start=list(req.ray_start))
+                                prefix=req.prefix, ray_start=list(req.ray_start))
         try:
             argv, env = self.build(prog, dict(req.env))
             _wait_gcs_port_free(argv)

@@ -38,7 +38,7 @@ def request_start(ndir: NodeDir, prog: shellcmd.Program,
         id=uuid.uuid4().hex, ray_start=prog.ray_start, exports=prog.exports,
         env={k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
              for k, v in (env or {}).items()},
-        before=prog.before)
+        before=prog.before, prefix=prog.prefix)
     ndir.write_start(req)
     return req.id
 

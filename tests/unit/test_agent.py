@@ -271,3 +271,21 @@ def test_a_permanent_slurm_error_at_start_is_a_failed_attempt(
 
     monkeypatch.setattr(Agent, "node_ip", flaky)
     assert a.run() == 0 and len(started) == 1  # retried like a failed `ray start`
+
+
+def test_the_prefix_of_ray_start_runs_in_rays_own_shell(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14.4: `ulimit -n 65536; cd /x; ray start` ran the ulimit and cd in shells of their
+    own, so Ray never got them."""
+    import subprocess
+
+    a, started = agent(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 0)])
+    a.spec.start_commands = ["ulimit -n 512 && cd /tmp && ray start --address=x:1"]
+    assert a.run() == 0
+    (argv,) = started
+    assert argv[:2] == ["bash", "-c"] and "ulimit -n 512 && cd /tmp &&" in argv[2]
+    assert "--address=x:1" in argv and argv[argv.index("--address=x:1") - 1] == "start"
+    # The argv really runs the prefix in the shell that becomes `ray`.
+    probe = [*argv[:3], argv[3], "bash", "-c", 'echo "$(ulimit -n) $PWD"']
+    out = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["512", "/tmp"]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ray_slurm_provider import shellcmd
@@ -32,7 +33,8 @@ def test_parse_ray_up_head_start() -> None:
     )
     p = shellcmd.parse(cmd)
     assert p.exports == {"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": "42"}
-    assert p.before == ["ulimit -n 65536"]
+    assert p.before == []  # issue 14.4: the ulimit must reach Ray: it runs in Ray's own shell
+    assert p.prefix.endswith("ulimit -n 65536;")
     assert p.ray_start == [
         "ray",
         "start",
@@ -66,8 +68,16 @@ _COMMAND = st.lists(st.one_of(_PLAIN, _QUOTED, _WORDS), max_size=5).map("".join)
 @given(st.lists(_COMMAND, max_size=4))
 def test_a_command_list_parses_as_its_join(cmds: list[str]) -> None:
     """The agent parses `worker_start_ray_commands` without joining them first: the same
-    program, for every list whose commands close their quotes."""
-    assert shellcmd.parse_commands(cmds) == shellcmd.parse("; ".join(cmds))
+    program as the join, but for where the plain shell before `ray start` runs (the earlier
+    commands in shells of their own, `ray start`'s own command's part in Ray's shell)."""
+    def shell_before(p: shellcmd.Program) -> list[str]:
+        return p.before + [s for s in shellcmd.split_top_level(p.prefix)
+                           if not shellcmd.is_export(s)]
+
+    assume(sum("ray start" in c for c in cmds) <= 1)  # one `ray start`, as Ray's lists have
+    one, joined = shellcmd.parse_commands(cmds), shellcmd.parse("; ".join(cmds))
+    assert shell_before(one) == shell_before(joined)
+    assert replace(one, before=[], prefix="") == replace(joined, before=[], prefix="")
 
 
 def test_an_open_quote_stays_in_its_own_command() -> None:
@@ -180,3 +190,29 @@ def test_memory_and_object_store_fit_the_allocation_with_every_source(tmp_path: 
     assert given == {"--memory": 2800 * mib, "--object-store-memory": 1200 * mib}
     for f in (auto, pinned, given):
         assert sum(f.values()) <= 4000 * mib
+
+
+# --- issue 14.4: compound start commands ------------------------------------------------------
+def test_the_prefix_of_ray_start_is_kept_raw_for_its_own_shell() -> None:
+    p = shellcmd.parse_commands(["pip list > /dev/null",
+                                 "ulimit -n 65536 || true; cd /scratch && source env.sh && "
+                                 "ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"])
+    assert p.before == ["pip list > /dev/null"]  # an earlier command: its own shell, as Ray does
+    assert p.prefix == "ulimit -n 65536 || true; cd /scratch && source env.sh &&"
+    assert p.ray_start is not None and p.ray_start[:2] == ["ray", "start"]
+    assert shellcmd.parse("ray start --head").prefix == ""
+
+
+def test_what_follows_ray_start_is_refused_with_the_key_path() -> None:
+    import pytest
+
+    from ray_slurm_provider.cluster import parse_cluster
+    from ray_slurm_provider.schema import ConfigError
+
+    base = {"cluster_name": "c", "available_node_types": {"w": {"resources": {"CPU": 1}}}}
+    with pytest.raises(ConfigError, match=r"worker_start_ray_commands\[1\]: .*never returns"):
+        parse_cluster({**base, "worker_start_ray_commands": [
+            "echo hi", "ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT; echo done"]})
+    with pytest.raises(ConfigError, match=r"head_start_ray_commands\[0\]: .*never returns"):
+        parse_cluster({**base, "head_start_ray_commands": ["ray start --head && touch up"]})
+    parse_cluster({**base, "head_start_ray_commands": ["ulimit -n 4096; ray start --head"]})

@@ -37,7 +37,7 @@ def test_node_files_keep_their_json(tmp_path: Path) -> None:
     assert read_json(n.path / "ray.json") == {"ip": "10.0.0.1", "job_id": "15"}
     assert read_json(n.path / "start.json") == {
         "id": "r1", "ray_start": ["ray", "start", "--head"], "exports": {"A": "$B"},
-        "env": {"C": "1"}, "before": ["echo hi"]}
+        "env": {"C": "1"}, "before": ["echo hi"], "prefix": ""}
     assert (n.path / "start.json").stat().st_mode & 0o777 == 0o600  # it carries the env
     n.write_result(StartResult("r1", ok=True))
     assert read_json(n.path / "result.json") == {"id": "r1", "ok": True}
