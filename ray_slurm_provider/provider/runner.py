@@ -34,6 +34,7 @@ from ray_slurm_provider.provider import handoff, transfer
 from ray_slurm_provider.provider.forward import forward_all
 from ray_slurm_provider.provider.handoff import runner_error
 from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
+from ray_slurm_provider.slurm.client import TransientSlurmError
 from ray_slurm_provider.state import ClusterDir
 
 DEFAULT_DASHBOARD_PORT = 8265
@@ -234,7 +235,13 @@ class SrunCommandRunner(CommandRunnerInterface):
         self._announce()
 
     def _job_gone(self) -> bool:
-        self.provider.non_terminated_nodes({})
+        """Whether the node's job has left Slurm; a listing Slurm could not answer says
+        nothing (the wait goes on, within its deadline)."""
+        try:
+            self.provider.non_terminated_nodes({})
+        except TransientSlurmError as e:
+            print(f"{self.log_prefix}Slurm did not answer ({e.slurm_message}); still waiting")
+            return False
         return self.provider.is_terminated(self.node_id)
 
     def _announce(self) -> None:

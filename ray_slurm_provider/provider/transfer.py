@@ -24,13 +24,26 @@ def remote_path(cdir: ClusterDir, path: str) -> str:
 
 
 def copy(src: str, dst: str) -> None:
-    """rsync-like copy (`dir/` copies the contents)."""
+    """rsync-like copy (`dir/` copies the contents). On the shared filesystem the source is
+    often the target itself (`ray submit` from the home directory, a file mount at its own
+    path): that is a no-op, as rsync makes it."""
     s = Path(os.path.expanduser(src))
     if s.is_dir():
+        if _same(s, Path(dst)):
+            return
         shutil.copytree(s, dst, dirs_exist_ok=True)
         return
     d = Path(dst)
     if dst.endswith("/") or d.is_dir():
         d = d / s.name
+    if _same(s, d):
+        return
     d.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(s, d)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -8,6 +8,7 @@ beside it, then down. Timings are printed (pytest -s) for the closing notes, nev
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -71,6 +72,19 @@ def test_second_ray_up_updates_the_same_head(cluster: RayCluster) -> None:
     TIMINGS["ray up on a running cluster"] = cluster.up()
     assert [j for j, _ in cluster.jobs()] == [head]
     assert cluster.head()["job_id"] == head
+
+
+def test_submit_from_the_home_directory(cluster: RayCluster) -> None:
+    """Issue 14.5: `ray submit` of a script in the home directory copies it onto itself
+    (`~/<name>` on the head is the same file on the shared filesystem): that failed with
+    shutil.SameFileError."""
+    script = Path.home() / f"rsp-e2e-submit-{os.getpid()}.py"
+    script.write_text("print('SUBMITTED', 6 * 7)\n")
+    try:
+        cp = cluster.ray("submit", str(cluster.path), str(script), timeout=300, check=False)
+    finally:
+        script.unlink(missing_ok=True)
+    assert cp.returncode == 0 and "SUBMITTED 42" in cp.stdout + cp.stderr, cp.stderr[-2000:]
 
 
 def test_attach_rsync_and_dashboard(cluster: RayCluster, tmp_path: Path) -> None:

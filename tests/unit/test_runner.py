@@ -180,3 +180,35 @@ def test_the_runner_does_not_import_the_provider() -> None:
     for m in ("runner", "handoff", "transfer"):
         deps = package_imports(f"ray_slurm_provider.provider.{m}")
         assert "ray_slurm_provider.provider.provider" not in deps, m
+
+
+def test_a_slurm_hiccup_while_the_head_starts_does_not_abort_ray_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14.9: one failed listing while `ray up` waited for the head's Ray aborted it."""
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    r, _ = runner(tmp_path, monkeypatch)
+    fake = r.provider._client  # type: ignore[attr-defined]
+    fake.fail_next("list_jobs", TransientSlurmError("x", "Unable to contact slurm controller",
+                                                    "squeue"))
+    assert r._job_gone() is False  # unknown is not gone: keep waiting, within the deadline
+    assert r._job_gone() is False  # and the next listing answers
+    fake.finish(r.node_id, "FAILED")
+    assert r._job_gone() is True
+
+
+def test_copying_a_file_onto_itself_is_a_no_op(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14.5: `ray submit` from the home directory, or a same-path file mount on the
+    shared filesystem, raised shutil.SameFileError / a garbled shutil.Error."""
+    from ray_slurm_provider.provider.transfer import copy
+
+    f = tmp_path / "job.py"
+    f.write_text("print(1)")
+    copy(str(f), str(f))
+    copy(str(f), str(tmp_path) + "/")  # the directory it is already in
+    d = tmp_path / "pkg"
+    d.mkdir()
+    (d / "a.py").write_text("x = 1")
+    copy(str(d) + "/", str(d))  # a directory mounted at its own path
+    assert f.read_text() == "print(1)" and (d / "a.py").read_text() == "x = 1"
