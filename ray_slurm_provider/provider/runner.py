@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping
@@ -70,6 +71,14 @@ def _env_exports(env: Mapping[str, Any] | None) -> str:
         val = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
         out.append(f"export {k}={quote(val)};")
     return " ".join(out) + (" " if out else "")
+
+
+def config_path() -> str:
+    """The cluster YAML of the `ray` command this runs in (`ray up CONFIG`, ...)."""
+    for arg in sys.argv[1:]:
+        if arg.endswith((".yaml", ".yml")) and os.path.isfile(arg):
+            return arg
+    return "CLUSTER.yaml"
 
 
 class SrunCommandRunner(CommandRunnerInterface):
@@ -246,11 +255,16 @@ class SrunCommandRunner(CommandRunnerInterface):
 
     def _announce(self) -> None:
         head = self.cdir.read_head()
-        if head:
-            print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head.ip}.\n"
-                  f"  Dashboard:   http://{head.ip}:{head.dashboard_port}\n"
-                  f"  GCS address: {head.ip}:{head.gcs_port}\n"
-                  f"  Use it from this shell: eval \"$(ray-slurm env CLUSTER.yaml)\"")
+        if not head:
+            return
+        config = shlex.quote(config_path())
+        logs = f"{temp_dir(self.provider.pcfg.temp_dir_root, head.job_id)}/session_latest/logs"
+        print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head.ip}.\n"
+              f"  Dashboard:   http://{head.ip}:{head.dashboard_port}\n"
+              f"  GCS address: {head.ip}:{head.gcs_port}\n"
+              f"  Use it from this shell: eval \"$(ray-slurm env {config})\"\n"
+              f"  The head job's log:     ray-slurm logs {config} head\n"
+              f"  Ray's logs on the head: {logs} (not /tmp/ray: each job has its own)")
 
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
         transfer.copy(source, transfer.remote_path(self.cdir, target))

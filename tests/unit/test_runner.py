@@ -212,3 +212,23 @@ def test_copying_a_file_onto_itself_is_a_no_op(tmp_path: Path,
     (d / "a.py").write_text("x = 1")
     copy(str(d) + "/", str(d))  # a directory mounted at its own path
     assert f.read_text() == "print(1)" and (d / "a.py").read_text() == "x = 1"
+
+
+def test_the_closing_hints_name_the_real_config_and_log_locations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14.18: `ray up` printed the placeholder CLUSTER.yaml."""
+    from ray_slurm_provider.state import HeadInfo
+
+    r, _ = runner(tmp_path, monkeypatch)
+    config = tmp_path / "my cluster.yaml"
+    config.write_text("cluster_name: c1\n")
+    monkeypatch.setattr("sys.argv", ["ray", "up", "-y", str(config)])
+    r.cdir.write_head(HeadInfo(job_id=r.node_id, ip="10.0.0.5", gcs_port=24000,
+                               dashboard_port=24001))
+    r._announce()
+    out = capsys.readouterr().out
+    assert "CLUSTER.yaml" not in out
+    assert f"eval \"$(ray-slurm env '{config}')\"" in out
+    assert f"ray-slurm logs '{config}' head" in out
+    assert f"/rsp-{r.node_id}/session_latest/logs" in out and "/tmp/ray/" not in out
