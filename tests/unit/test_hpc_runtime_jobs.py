@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import NodeCommands, NodeType
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.jobs import build_job
@@ -62,6 +63,7 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
     script = tmp_path / "job.sh"
     script.write_text(render(spec))
     ClusterDir(str(state), "c1").write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
+    token = auth.ensure_token(ClusterDir(str(state), "c1").root)  # as `ray up` makes it
     rec = tmp_path / "rec.jsonl"
     env = {"PATH": f"{fakebin}:{os.environ['PATH']}", "HOME": str(tmp_path), "REC": str(rec),
            "SLURM_JOB_ID": "900", "SLURMD_NODENAME": "n1", "SLURM_CPUS_ON_NODE": "2",
@@ -94,5 +96,6 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
         assert argv[0] == "srun" and f"--container-image={image}" in argv
         assert "--container-name=rsp-c1-900" in argv
     assert "Ray is up" in cp.stdout
-    token = state / "c1" / "auth_token"
-    assert not token.exists() or token.read_text() not in joined
+    # Issue 14.22: the token exists (this used to pass when it did not) and never shows.
+    secret = token.read_text().strip()
+    assert len(secret) >= 32 and secret not in joined and secret not in cp.stdout
