@@ -11,6 +11,7 @@ Nothing else digs node types out of a raw dict.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,6 +24,9 @@ from ray_slurm_provider.schema import ConfigError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 #: Where bootstrap puts the node types in the provider section for the head's autoscaler.
 NODE_TYPES_KEY = "_node_types"
+#: Set by bootstrap when `provider.python` is its default (the Python running `ray up`), not the
+#: user's: Ray's config cache may hand such a config to another checkout's `ray up`.
+AUTO_PYTHON_KEY = "_python_auto"
 DEFAULT_HEAD_START = ["ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"]
 
 
@@ -64,11 +68,20 @@ class ClusterConfig:
     provider: ProviderConfig
     head_type: str
     node_types: dict[str, NodeType]
+    python_auto: bool = False  # provider.python is bootstrap's default, not the user's
 
     def node_type(self, name: str) -> NodeType:
         """The node type `name`; an unknown name (a stale config) gets the defaults."""
         found = self.node_types.get(name)
         return found if found is not None else NodeType(name, parse_node_config({}, name))
+
+    def agent_python(self, *, head: bool) -> str:
+        """The Python of a job's agent: the user's `provider.python`, else the one running
+        this process. The head is created by `ray up`, whose own Python wins over a default
+        that Ray's config cache may have kept from another checkout."""
+        if self.provider.python and not (head and self.python_auto):
+            return self.provider.python
+        return sys.executable
 
     def kind(self, node_type: str) -> str:
         return "head" if node_type == self.head_type else "worker"
@@ -194,4 +207,5 @@ def parse_provider_section(provider: Mapping[str, Any], cluster_name: str,
         commands = NodeCommands(_strs(cmds.get("initialization")), _strs(cmds.get("setup")),
                                 _strs(cmds.get("start")) or list(DEFAULT_WORKER_START))
         node_types[str(t)] = _node_type(str(t), nt, commands)
-    return ClusterConfig(cluster_name, parse_provider(provider), head_type, node_types)
+    return ClusterConfig(cluster_name, parse_provider(provider), head_type, node_types,
+                         python_auto=bool(provider.get(AUTO_PYTHON_KEY)))

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from ray_slurm_provider.cluster import (
+    AUTO_PYTHON_KEY,
     DEFAULT_HEAD_START,
     NODE_TYPES_KEY,
     ClusterConfig,
@@ -89,7 +90,9 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         click.echo(f"Warning: {warning}", err=True)
     provider = config["provider"]
     provider["disable_node_updaters"] = True
-    provider.setdefault("python", sys.executable)
+    if "python" not in provider:
+        provider["python"] = sys.executable
+        provider[AUTO_PYTHON_KEY] = True
     from ray_slurm_provider.slurm.rest.client import pin_env_defaults
 
     pin_env_defaults(provider)

@@ -28,7 +28,6 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -228,7 +227,7 @@ class SlurmNodeProvider(NodeProvider):
                                  node_config=parse_node_config(node_config, node_type))
         spec = build_job(
             self.pcfg, self.cluster_name, nt, kind="head" if kind == NODE_KIND_HEAD else "worker",
-            python=self.pcfg.python or sys.executable,
+            python=self.cluster.agent_python(head=kind == NODE_KIND_HEAD),
             resources={k: int(v) for k, v in resources.items()} if resources else None,
             labels=dict(labels) if labels else None)
         ncfg = nt.node_config

@@ -267,7 +267,11 @@ class SrunCommandRunner(CommandRunnerInterface):
               f"  Ray's logs on the head: {logs} (not /tmp/ray: each job has its own)")
 
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
-        transfer.copy(source, transfer.remote_path(self.cdir, target))
+        dst = transfer.remote_path(self.cdir, target)
+        if dst == str(self.cdir.bootstrap_config):
+            transfer.copy_bootstrap_config(source, dst)
+        else:
+            transfer.copy(source, dst)
 
     def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
         transfer.copy(transfer.remote_path(self.cdir, source), os.path.expanduser(target))

@@ -6,10 +6,13 @@ shared filesystem), so a transfer is a local copy; nothing goes through the job.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
+from ray_slurm_provider.cluster import AUTO_PYTHON_KEY
 from ray_slurm_provider.state import ClusterDir
 
 BOOTSTRAP_FILES = ("~/ray_bootstrap_config.yaml",)
@@ -21,6 +24,18 @@ def remote_path(cdir: ClusterDir, path: str) -> str:
     if path.rstrip("/") in BOOTSTRAP_FILES:
         return str(cdir.bootstrap_config)
     return os.path.expanduser(path)
+
+
+def copy_bootstrap_config(src: str, dst: str) -> None:
+    """The head's autoscaler config, as `ray up` syncs it: a `provider.python` that is only
+    bootstrap's default becomes this `ray up`'s Python (Ray's config cache may have kept
+    another checkout's)."""
+    config = json.loads(Path(os.path.expanduser(src)).read_text())
+    provider = config.get("provider") or {}
+    if provider.get(AUTO_PYTHON_KEY):
+        provider["python"] = sys.executable
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    Path(dst).write_text(json.dumps(config))
 
 
 def copy(src: str, dst: str) -> None:

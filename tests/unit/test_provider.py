@@ -314,3 +314,27 @@ def test_held_stopped_and_suspended_jobs_are_nodes_ray_down_cancels(tmp_path: Pa
     assert p.non_terminated_nodes({}) == [w]
     p.terminate_nodes(p.non_terminated_nodes({}))  # what `ray down` does
     assert f.jobs[w].job.state == "CANCELLED"
+
+
+def test_a_cached_config_never_runs_another_checkouts_python(tmp_path: Path) -> None:
+    """Issue 14.15: Ray's config cache (keyed on the YAML's text) kept `provider.python` from
+    another checkout; `ray up` then ran every node on that checkout's venv, silently."""
+    import json
+    import sys
+
+    from ray_slurm_provider.cluster import AUTO_PYTHON_KEY
+    from ray_slurm_provider.provider.transfer import copy_bootstrap_config
+
+    p, f = make(tmp_path, python="/old/checkout/.venv/bin/python", **{AUTO_PYTHON_KEY: True})
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    assert f.jobs[head].spec.command[0] == sys.executable  # `ray up`'s own Python
+    cached = tmp_path / "ray-bootstrap.json"
+    cached.write_text(json.dumps({"provider": {"python": "/old/checkout/.venv/bin/python",
+                                               AUTO_PYTHON_KEY: True}}))
+    copy_bootstrap_config(str(cached), str(tmp_path / "boot.json"))
+    assert json.loads((tmp_path / "boot.json").read_text())["provider"]["python"] == \
+        sys.executable  # and so the head's autoscaler gives it to the workers
+    # A Python the user chose is kept.
+    p2, f2 = make(tmp_path / "2", python="/site/venv/bin/python")
+    (head2,) = p2.create_node({}, HEAD_TAGS, 1)
+    assert f2.jobs[head2].spec.command[0] == "/site/venv/bin/python"
