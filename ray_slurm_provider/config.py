@@ -24,8 +24,7 @@ class PortsConfig:
         "base+1, Ray client = base+2, autoscaler metrics = base+3, dashboard metrics = base+4). "
         "Default: derived from the user and cluster name in 24000-31990, so two clusters on "
         "one node do not clash.",
-        None,
-    )
+        None)
 
 
 @dataclass(frozen=True)
@@ -33,8 +32,7 @@ class AuthConfig:
     mode: Literal["token", "disabled"] = doc(
         "Ray token authentication. `token` (default) creates one random token per cluster in a "
         "0600 file and hands its path to every Ray process; `disabled` turns it off explicitly.",
-        "token",
-    )
+        "token")
 
 
 @dataclass(frozen=True)
@@ -45,27 +43,23 @@ class RestConfig:
         "Base URL of slurmrestd, e.g. `http://slurm-rest.example.org:6820` (the API version "
         "is negotiated from the server). Default: the `RAY_SLURM_REST_URL` environment "
         "variable.",
-        None,
-    )
+        None)
     jwt_file: str | None = doc(
         "File holding the Slurm JWT (`scontrol token`), mode 0600 and owned by you; read on "
         "every request, so a refreshed token is picked up without a restart. Use a path on the "
         "shared filesystem so the head's autoscaler finds it too. Default: the "
         "`RAY_SLURM_JWT_FILE` environment variable; without either, `jwt_env` is used.",
-        None,
-    )
+        None)
     jwt_env: str = doc(
         "Environment variable holding the JWT when no `jwt_file` is set. Never export "
         "`SLURM_JWT` in a shell that runs `srun`: srun then authenticates by JWT and task launch "
         "fails; use a file or another variable name.",
-        "SLURM_JWT",
-    )
+        "SLURM_JWT")
     user: str | None = doc(
         "Slurm user name sent with the token (`X-SLURM-USER-NAME`); also the user whose jobs "
         "the provider lists. Default: the token's own user (its `sun` claim), else the user "
         "running the provider.",
-        None,
-    )
+        None)
 
 
 @dataclass(frozen=True)
@@ -75,15 +69,13 @@ class ProviderConfig:
     type: str = doc("Must be `external` (Ray's key).", "external")
     module: str = doc(
         "Must be `ray_slurm_provider.provider.SlurmNodeProvider` (Ray's key).",
-        "ray_slurm_provider.provider.SlurmNodeProvider",
-    )
+        "ray_slurm_provider.provider.SlurmNodeProvider")
     slurm_api: Literal["cli", "rest", "pyslurm"] = doc(
         "How the provider talks to Slurm: `cli` runs sbatch/squeue/scancel/scontrol; `rest` "
         "calls slurmrestd with a JWT (see `rest`), so a head without Slurm client tools can "
         "still scale; `pyslurm` uses the optional pyslurm bindings, which must match the "
         "cluster's Slurm release exactly (`pip install ray-slurm-provider[pyslurm]`).",
-        "cli",
-    )
+        "cli")
     rest: RestConfig = doc(
         "slurmrestd settings for `slurm_api: rest`.", default_factory=RestConfig
     )
@@ -91,41 +83,37 @@ class ProviderConfig:
         "Directory on a filesystem shared by the login node and the compute nodes (your home, "
         "usually) where each cluster keeps its tags, handoff files, token and logs: "
         "`<state_dir>/<cluster_name>/`.",
-        "~/.ray_slurm",
-    )
+        "~/.ray_slurm")
     python: str | None = doc(
         "Python executable (with ray and ray_slurm_provider installed) that jobs use to run "
         "the node agent. Default: the Python running `ray up`.",
-        None,
-    )
+        None)
     temp_dir_root: str = doc(
         "Node-local directory under which each node gets a short Ray temp dir "
         "(`<root>/rsp-<job id>`); keep it short, Unix socket paths are limited to ~107 bytes.",
-        "/tmp",
-    )
+        "/tmp")
     node_ip_interface: str | None = doc(
         "Take each node's Ray IP from this network interface (multi-NIC nodes) instead of "
         "Slurm's NodeAddr.",
-        None,
-    )
+        None)
     drain_timeout_s: int = doc(
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S for every node: how long Ray drains on SIGTERM. "
         "Keep it below Slurm's KillWait.",
-        5,
-    )
+        5)
     ray_start_attempts: int = doc(
         "How many times a worker retries a failed `ray start` before its job ends.", 3
     )
+    head_wait_s: int = doc(
+        "How long `ray up` waits for a queued head job to start, saying why it waits; then it "
+        "cancels the job, so it never starts later to hold an allocation nobody uses.", 3600)
     head_start_timeout_s: int = doc(
         "How long a running head job waits for `ray up` to hand it the start command before "
         "it gives up and ends.",
-        1800,
-    )
+        1800)
     object_store_fraction: float = doc(
         "Object store size as a fraction of the node's memory, when `object_store_memory` is "
         "not set for the node type.",
-        0.3,
-    )
+        0.3)
     environment: dict[str, str] = doc(
         "Environment variables for every node's job.", default_factory=dict
     )
@@ -152,61 +140,49 @@ class ContainerConfig:
         "Image: a registry reference or local tag (docker, podman, pyxis), or a file on a "
         "shared filesystem: `.tar`/`.tar.gz` (docker, podman: loaded once per node), "
         "`.sif` (apptainer), `.sqsh` (enroot, pyxis).",
-        None,
-    )
+        None)
     image_tag: str | None = doc(
         "The tag a `.tar` image contains: when it is already on the node, loading is skipped.",
-        None,
-    )
+        None)
     mounts: list[str] = doc(
         "Bind mounts `src:dst[:ro]`. The cluster directory and the node's Ray temp dir are "
         "always mounted at the same path.",
-        default_factory=list,
-    )
+        default_factory=list)
     environment: dict[str, str] = doc(
         "Environment of the container (passed by name, so values never show in `ps`).",
-        default_factory=dict,
-    )
+        default_factory=dict)
     run_options: list[str] = doc(
         "Extra options for the runtime's run command (e.g. `--cap-add=SYS_PTRACE`).",
-        default_factory=list,
-    )
+        default_factory=list)
     runtime_args: list[str] = doc(
         "Global options placed before the run command (e.g. podman `--root`, docker `-H`).",
-        default_factory=list,
-    )
+        default_factory=list)
     shm_size: str | None = doc("Size of /dev/shm (docker/podman `--shm-size`).", None)
     ipc_host: bool = doc(
         "Share the host's IPC namespace and /dev/shm (docker/podman `--ipc=host`): Ray's "
         "object store needs a large /dev/shm, Docker's default is 64 MB.",
-        True,
-    )
+        True)
     ulimits: dict[str, str] = doc(
         "ulimits (docker/podman `--ulimit name=soft:hard`), e.g. `{nofile: 65536:65536}`.",
-        default_factory=dict,
-    )
+        default_factory=dict)
     gpus: bool = doc(
         "Give the container exactly the GPUs Slurm allocated to the job (never the host's "
         "others): docker `--gpus device=<ids>`, podman CDI devices, apptainer `--nv`, "
         "enroot/pyxis through Slurm.",
-        True,
-    )
+        True)
     privileged: bool = doc("Privileged container (opt-in; the seed's script ran one).", False)
     run_as_user: bool = doc(
         "docker/podman: run as the job's user and group (`--user uid:gid`) instead of the "
         "image's default (often root), so files and Slurm submissions stay the user's.",
-        True,
-    )
+        True)
     devices: list[str] = doc(
         "Host devices to pass in (opt-in), e.g. `/dev/infiniband/uverbs0` or `/dev/gdrdrv`.",
-        default_factory=list,
-    )
+        default_factory=list)
     host_python: bool = doc(
         "Bind the Python environment that runs the node agent (its prefix, its venv and this "
         "package) into the container at the same paths, and run Ray from it: a site image "
         "supplies the system libraries (CUDA, NCCL), your shared venv supplies Python and Ray.",
-        False,
-    )
+        False)
     ray_command: str = doc("The `ray` executable inside the image.", "ray")
     python_command: str = doc("The Python inside the image (startup checks).", "python3")
     slurm_access: Literal["mount", "none"] = doc(
@@ -215,8 +191,7 @@ class ContainerConfig:
         "tools of the same major version, or mount them via `mounts`); `none` when the "
         "cluster uses `provider.slurm_api: rest`. The head checks it at startup and says "
         "clearly when it does not work.",
-        "mount",
-    )
+        "mount")
     binary: str | None = doc("Path of the runtime's executable (default: found on PATH).", None)
 
 
@@ -234,13 +209,11 @@ class NodeConfig:
         "Seconds before the time limit at which Slurm sends SIGTERM (`--signal=B:TERM@<s>`): "
         "Ray drains and the node leaves, so the autoscaler replaces it while demand remains. "
         "`0` turns it off. Slurm may signal up to a minute early.",
-        60,
-    )
+        60)
     cpus: int | None = doc(
         "CPUs of the job (`--cpus-per-task`); default: `resources.CPU`, else the partition's "
         "CPUs per node.",
-        None,
-    )
+        None)
     mem: str | None = doc("Memory of the job (`--mem`, e.g. `16G`, `0` for all).", None)
     gpus: int | None = doc("GPUs of the job (`--gres=gpu:N`); default: `resources.GPU`.", None)
     gpu_type: str | None = doc("GPU type in the GRES request (`--gres=gpu:<type>:N`).", None)
@@ -252,8 +225,7 @@ class NodeConfig:
     object_store_memory: int | None = doc("Ray object store size in bytes.", None)
     sbatch_options: dict[str, str] = doc(
         "Any other sbatch long option, `{option: value}` (`{mail-type: END}`).",
-        default_factory=dict,
-    )
+        default_factory=dict)
     extra_directives: list[str] = doc(
         "Raw extra `#SBATCH` option lines, each starting with `--`.", default_factory=list
     )
@@ -266,8 +238,7 @@ class NodeConfig:
     prologue: list[str] = doc(
         "Shell lines run at the top of the job before anything else (module load, conda "
         "activate). Trusted: they are your own commands.",
-        default_factory=list,
-    )
+        default_factory=list)
 
 
 def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:

@@ -10,6 +10,9 @@ the node's `stop` file: "stop this job's Ray".
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -18,7 +21,8 @@ from pathlib import Path
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 
 from ray_slurm_provider import shellcmd
-from ray_slurm_provider.state import NodeDir, StartRequest
+from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.state import ClusterDir, NodeDir, StartRequest
 
 QUERY_EVERY_S = 5.0  # how often a waiting `ray up` asks whether the job still exists
 
@@ -72,3 +76,26 @@ def stop_ray(ndir: NodeDir, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while ndir.ray_up() and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def config_path() -> str:
+    """The cluster YAML of the `ray` command this runs in (`ray up CONFIG`, ...)."""
+    for arg in sys.argv[1:]:
+        if arg.endswith((".yaml", ".yml")) and os.path.isfile(arg):
+            return arg
+    return "CLUSTER.yaml"
+
+
+def announce(cdir: ClusterDir, node_id: str, temp_dir_root: str, log_prefix: str) -> None:
+    """`ray up`'s closing lines: where the head is, and how to reach it and its logs."""
+    head = cdir.read_head()
+    if not head:
+        return
+    config = shlex.quote(config_path())
+    logs = f"{temp_dir(temp_dir_root, head.job_id)}/session_latest/logs"
+    print(f"{log_prefix}Ray is up in Slurm job {node_id} on {head.ip}.\n"
+          f"  Dashboard:   http://{head.ip}:{head.dashboard_port}\n"
+          f"  GCS address: {head.ip}:{head.gcs_port}\n"
+          f"  Use it from this shell: eval \"$(ray-slurm env {config})\"\n"
+          f"  The head job's log:     ray-slurm logs {config} head\n"
+          f"  Ray's logs on the head: {logs} (not /tmp/ray: each job has its own)")

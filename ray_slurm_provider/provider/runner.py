@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
 import click
 from ray.autoscaler.command_runner import CommandRunnerInterface
-from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
+from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
 from ray_slurm_provider import auth, proc, shellcmd
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
@@ -37,6 +36,7 @@ from ray_slurm_provider.provider.handoff import runner_error
 from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
 from ray_slurm_provider.slurm.client import TransientSlurmError
 from ray_slurm_provider.state import ClusterDir
+from ray_slurm_provider.units import fmt_duration
 
 DEFAULT_DASHBOARD_PORT = 8265
 
@@ -73,14 +73,6 @@ def _env_exports(env: Mapping[str, Any] | None) -> str:
     return " ".join(out) + (" " if out else "")
 
 
-def config_path() -> str:
-    """The cluster YAML of the `ray` command this runs in (`ray up CONFIG`, ...)."""
-    for arg in sys.argv[1:]:
-        if arg.endswith((".yaml", ".yml")) and os.path.isfile(arg):
-            return arg
-    return "CLUSTER.yaml"
-
-
 class SrunCommandRunner(CommandRunnerInterface):
     def __init__(self, provider: ProviderView, node_id: str, log_prefix: str = "") -> None:
         self.provider = provider
@@ -88,6 +80,8 @@ class SrunCommandRunner(CommandRunnerInterface):
         self.log_prefix = log_prefix
         self.cdir = provider.cluster_dir
         self.ndir = self.cdir.node(node_id)
+        self._clock: Callable[[], float] = time.monotonic
+        self._sleep: Callable[[float], None] = time.sleep
 
     # --- helpers ------------------------------------------------------------------------
     def _fail(self, msg: str, code: int | None, cmd: str, exit_on_fail: bool) -> NoReturn:
@@ -95,24 +89,42 @@ class SrunCommandRunner(CommandRunnerInterface):
             raise click.ClickException(f"{msg}: {cmd}")
         raise runner_error(msg, code, cmd)
 
-    def _check_alive(self, wait_s: float = 0.0) -> None:
+    def _check_alive(self, wait_s: float = 0.0, *, queued_head: bool = False) -> None:
         """A step can only run once the job runs and its agent is up. Waits up to `wait_s`
         (so `ray up` notices a started job within a fraction of a second instead of its
-        5 s retry period); meanwhile refreshes Slurm's view every few seconds so the user
-        sees why the job waits."""
-        deadline = time.monotonic() + wait_s
-        next_query = 0.0
-        while True:
-            if self.ndir.agent_up():
-                return
-            now = time.monotonic()
-            if now >= deadline:
+        5 s retry period), refreshing Slurm's view every few seconds. For `ray up`'s first
+        look at the head (`queued_head`), waits `provider.head_wait_s` in this one call
+        (Ray's own wait ends after 15 minutes), saying why, and then cancels the job."""
+        start = self._clock()
+        if queued_head:
+            wait_s = max(wait_s, self.provider.pcfg.head_wait_s)
+        next_query = next_note = 0.0
+        while not self.ndir.agent_up():
+            now = self._clock()
+            if now >= start + wait_s:
                 break
             if now >= next_query:
-                self.provider.non_terminated_nodes({})
+                if self._job_gone():
+                    break
                 next_query = now + 3.0
-            time.sleep(0.2)
-        raise NodeNotReady(self.provider.describe_job(self.node_id))
+            if queued_head and now >= next_note:
+                print(f"{self.log_prefix}{self.provider.describe_job(self.node_id)}; waited "
+                      f"{fmt_duration(int(now - start))} of {fmt_duration(int(wait_s))} "
+                      "(provider.head_wait_s)", flush=True)
+                next_note = now + 60.0
+            self._sleep(0.2)
+        else:
+            return
+        what = self.provider.describe_job(self.node_id)
+        if queued_head and not self.provider.is_terminated(self.node_id):
+            self.provider.terminate_node(self.node_id)
+            raise NodeNotReady(f"{what}, after a wait of {fmt_duration(int(wait_s))}; cancelled "
+                               "it so that it cannot start later and hold an allocation "
+                               "nobody uses (wait longer: provider.head_wait_s)")
+        raise NodeNotReady(what)
+
+    def _head(self) -> bool:
+        return self.provider.node_tags(self.node_id).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD
 
     def srun_argv(self, shell_cmd: str, pty: bool = False,
                   in_container: bool = False) -> list[str]:
@@ -215,7 +227,8 @@ class SrunCommandRunner(CommandRunnerInterface):
 
     def run_step(self, shell_cmd: str, timeout: int, exit_on_fail: bool,
                  with_output: bool, in_container: bool = False) -> Any:
-        self._check_alive(wait_s=timeout if shell_cmd.strip() == "uptime" else 0.0)
+        probe = shell_cmd.strip() == "uptime"  # Ray's readiness probe
+        self._check_alive(wait_s=timeout if probe else 0.0, queued_head=probe and self._head())
         pty = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
         argv = self.srun_argv(shell_cmd, pty=pty, in_container=in_container)
         try:
@@ -241,7 +254,8 @@ class SrunCommandRunner(CommandRunnerInterface):
         print(f"{self.log_prefix}Starting Ray in the batch step of Slurm job {self.node_id}")
         handoff.wait_started(self.ndir, req_id, timeout=max(timeout, 600), node_id=self.node_id,
                              log=self.cdir.log(self.node_id), job_gone=self._job_gone)
-        self._announce()
+        handoff.announce(self.cdir, self.node_id, self.provider.pcfg.temp_dir_root,
+                         self.log_prefix)
 
     def _job_gone(self) -> bool:
         """Whether the node's job has left Slurm; a listing Slurm could not answer says
@@ -252,19 +266,6 @@ class SrunCommandRunner(CommandRunnerInterface):
             print(f"{self.log_prefix}Slurm did not answer ({e.slurm_message}); still waiting")
             return False
         return self.provider.is_terminated(self.node_id)
-
-    def _announce(self) -> None:
-        head = self.cdir.read_head()
-        if not head:
-            return
-        config = shlex.quote(config_path())
-        logs = f"{temp_dir(self.provider.pcfg.temp_dir_root, head.job_id)}/session_latest/logs"
-        print(f"{self.log_prefix}Ray is up in Slurm job {self.node_id} on {head.ip}.\n"
-              f"  Dashboard:   http://{head.ip}:{head.dashboard_port}\n"
-              f"  GCS address: {head.ip}:{head.gcs_port}\n"
-              f"  Use it from this shell: eval \"$(ray-slurm env {config})\"\n"
-              f"  The head job's log:     ray-slurm logs {config} head\n"
-              f"  Ray's logs on the head: {logs} (not /tmp/ray: each job has its own)")
 
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
         dst = transfer.remote_path(self.cdir, target)

@@ -226,9 +226,54 @@ def test_the_closing_hints_name_the_real_config_and_log_locations(
     monkeypatch.setattr("sys.argv", ["ray", "up", "-y", str(config)])
     r.cdir.write_head(HeadInfo(job_id=r.node_id, ip="10.0.0.5", gcs_port=24000,
                                dashboard_port=24001))
-    r._announce()
+    from ray_slurm_provider.provider import handoff as h
+
+    h.announce(r.cdir, r.node_id, r.provider.pcfg.temp_dir_root, r.log_prefix)
     out = capsys.readouterr().out
     assert "CLUSTER.yaml" not in out
     assert f"eval \"$(ray-slurm env '{config}')\"" in out
     assert f"ray-slurm logs '{config}' head" in out
     assert f"/rsp-{r.node_id}/session_latest/logs" in out and "/tmp/ray/" not in out
+
+
+def test_ray_up_waits_for_a_queued_head_as_long_as_asked_then_cancels_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14.7: `ray up` gave up on a queued head after Ray's 15 minutes and left the job
+    queued, to hold an allocation for 30 minutes once it started. It now waits
+    `provider.head_wait_s` inside the readiness probe, saying why, then cancels the job."""
+    from tests.fakes import FakeClock
+
+    p, f = make(tmp_path, head_wait_s=3600)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    f.set_state(head, "PENDING", "Priority")
+    r = p.get_command_runner("", head, {}, "c1", None, True)
+    clock = FakeClock()
+    r._clock, r._sleep = clock.now, clock.advance
+    with pytest.raises(NodeNotReady, match=r"is PENDING.*after a wait of 01:00:00.*cancelled"):
+        r.run("uptime", timeout=10)
+    out = capsys.readouterr().out
+    assert "reason: Priority" in out and "provider.head_wait_s" in out
+    assert f.jobs[head].job.state == "CANCELLED" and p.is_terminated(head)
+
+
+def test_a_queued_head_that_starts_within_the_wait_is_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakes import FakeClock
+
+    p, f = make(tmp_path, head_wait_s=3600)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    r = p.get_command_runner("", head, {}, "c1", None, True)
+    clock = FakeClock()
+
+    def later(s: float) -> None:
+        clock.advance(s)
+        if clock.now() - t0 > 1200 and not r.ndir.agent_up():  # it starts after 20 minutes
+            f.start(head, "n1")
+            r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="head", job_id=head))
+
+    t0 = clock.now()
+    r._clock, r._sleep = clock.now, later
+    monkeypatch.setattr(proc, "run", lambda argv, **kw: proc.Result(list(argv), 0, "up", ""))
+    assert r.run("uptime", timeout=10, with_output=True) == b"up"
+    assert f.jobs[head].job.state == "RUNNING"
