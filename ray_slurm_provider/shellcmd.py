@@ -86,19 +86,24 @@ def parse_commands(cmds: list[str]) -> Program:
     for c in cmds:
         spans = _spans(c)
         first = next((a for a, b in spans if is_ray(_words(c[a:b]), "start")), None)
-        in_prefix = False
-        for a, b in spans:
+        pieces: list[str] = []  # the prefix: each part with the operator that follows it
+        plain = False
+        for i, (a, b) in enumerate(spans):
             seg = c[a:b].strip()
-            if not _classify(prog, seg):
-                continue
+            is_shell = _classify(prog, seg)
             if first is not None and a < first:
-                in_prefix = True
+                # `ray stop` and shutdowns never run bare, not even here (scoped instead).
+                if is_shell or is_export(seg):
+                    pieces.append(c[a:spans[i + 1][0]])
+                plain = plain or is_shell
+            elif not is_shell:
+                continue
             elif prog.ray_start is None:
                 prog.before.append(seg)
             else:
                 prog.rest.append(seg)
-        if in_prefix:
-            prog.prefix = c[:first].strip()
+        if plain:
+            prog.prefix = "".join(pieces).strip()
     if prog.ray_start is None:
         prog.rest = prog.before + prog.rest
         prog.before = []

@@ -1,22 +1,15 @@
-"""`ray-slurm status CONFIG [--json]` and `ray-slurm logs CONFIG [JOB] [--follow]`.
+"""`ray-slurm status CONFIG [--json]`.
 
-status asks Slurm ONE question (the cluster's job list, as the provider does) and reads the
-rest from the cluster directory: which node's Ray is up, the tags Ray set, the head's
-addresses. Pending jobs show Slurm's reason and its estimated start time.
-
-logs prints a job's output file from the cluster directory (`logs/<job id>.out`: the node
-agent's and Ray's start-up output); `--follow` keeps printing until the job is gone.
+Asks Slurm ONE question (the cluster's job list, as the provider does) and reads the rest
+from the cluster directory: which node's Ray is up, the tags Ray set, the head's addresses.
+Pending jobs show Slurm's reason and its estimated start time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
@@ -28,7 +21,7 @@ from ray_slurm_provider.cli.common import (
     table,
 )
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.jobs import decode_tags, temp_dir
+from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.client import Job, SlurmError
 from ray_slurm_provider.state import read_json
 from ray_slurm_provider.units import fmt_duration
@@ -131,93 +124,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     return run_command(body)
 
 
-def resolve_job(cluster: Cluster, job: str | None) -> str | None:
-    if job in (None, ""):
-        return None
-    if job == "head":
-        head = cluster.cdir.read_head()
-        if not head or not head.job_id:
-            raise CliError(f"no running head recorded in {cluster.cdir.head_file}")
-        return head.job_id
-    if not str(job).isdigit():
-        raise CliError(f"{job!r} is not a Slurm job id (or `head`)")
-    return str(job)
-
-
-def list_logs(cluster: Cluster) -> list[str]:
-    files = sorted(cluster.cdir.logs.glob("*.out"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return [f"no logs yet in {cluster.cdir.logs}"]
-    rows = [[p.stem, f"{p.stat().st_size}",
-             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime)), str(p)]
-            for p in files]
-    return [*table(["JOB", "BYTES", "MODIFIED", "PATH"], rows),
-            "show one: ray-slurm logs CONFIG <job id>|head [--follow]"]
-
-
-def follow(path: Path, alive: Callable[[], bool], out: TextIO,
-           sleep: Callable[[float], None] = time.sleep, every: float = 0.5,
-           check_every: int = 10) -> None:
-    """Print what is appended to `path` until `alive()` says the job is gone (asked every
-    `check_every` polls), then print what is left."""
-    pos = 0
-
-    def drain() -> None:
-        nonlocal pos
-        if not path.exists():
-            return
-        with path.open("rb") as f:
-            f.seek(pos)
-            chunk = f.read()
-        pos += len(chunk)
-        if chunk:
-            out.write(chunk.decode(errors="replace"))
-            out.flush()
-
-    polls = 0
-    while True:
-        drain()
-        polls += 1
-        if polls % check_every == 0 and not alive():
-            drain()  # what the job wrote last
-            return
-        sleep(every)
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    def body() -> int:
-        cluster = load_cluster(args.config)
-        job = resolve_job(cluster, args.job)
-        if job is None:
-            print("\n".join(list_logs(cluster)))
-            return 0
-        path = cluster.cdir.log(job)
-        if not path.exists() and not args.follow:
-            raise CliError(f"no log for job {job} ({path} does not exist)")
-        if args.follow:
-            def alive() -> bool:
-                return any(j.job_id == job and j.active
-                           for j in cluster.client.list_jobs(cluster.job_name))
-            follow(path, alive, sys.stdout)
-        else:
-            lines = path.read_text(errors="replace").splitlines()
-            print("\n".join(lines[-args.lines:] if args.lines else lines))
-        agent = cluster.cdir.node(job).read_agent()  # an array task's own numeric id
-        tmp = temp_dir(cluster.pcfg.temp_dir_root, agent.job_id if agent else job)
-        print(f"# Ray's own logs stay on the node: {tmp}/session_latest/logs/", file=sys.stderr)
-        return 0
-
-    return run_command(body)
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="table of the cluster's nodes (one Slurm query)")
     p.add_argument("config", help="cluster YAML")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("logs", help="a node's job log (or the list of logs)")
-    p.add_argument("config", help="cluster YAML")
-    p.add_argument("job", nargs="?", help="Slurm job id, or `head`; omit to list the logs")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    p.add_argument("--lines", "-n", type=int, default=0, help="only the last N lines")
-    p.set_defaults(func=cmd_logs)

@@ -46,6 +46,7 @@ from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
 from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
 from ray_slurm_provider.jobs import build_job, job_name
+from ray_slurm_provider.provider import runs
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
 from ray_slurm_provider.provider.snapshot import (
     NodeRecord,
@@ -218,7 +219,7 @@ class SlurmNodeProvider(NodeProvider):
         resources: dict[str, float], labels: dict[str, str],
     ) -> dict[str, Any]:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "")
-        kind = tags.get(TAG_RAY_NODE_KIND, NODE_KIND_WORKER)
+        head = tags.get(TAG_RAY_NODE_KIND, NODE_KIND_WORKER) == NODE_KIND_HEAD
         if self._config_error is not None:
             raise self._config_error
         # Ray passes the node type's node_config; the rest of the type (commands, default
@@ -226,24 +227,26 @@ class SlurmNodeProvider(NodeProvider):
         nt = dataclasses.replace(self.cluster.node_type(node_type),
                                  node_config=parse_node_config(node_config, node_type))
         spec = build_job(
-            self.pcfg, self.cluster_name, nt, kind="head" if kind == NODE_KIND_HEAD else "worker",
-            python=self.cluster.agent_python(head=kind == NODE_KIND_HEAD),
+            self.pcfg, self.cluster_name, nt, kind="head" if head else "worker",
+            python=self.cluster.agent_python(head=head),
             resources={k: int(v) for k, v in resources.items()} if resources else None,
             labels=dict(labels) if labels else None)
-        ncfg = nt.node_config
         self.cluster_dir.create()
         if self.pcfg.auth.mode == "token":
             auth.ensure_token(self.cluster_dir.root)
-        if kind == NODE_KIND_HEAD:
+        if head:
             self.cluster_dir.clear_teardown()
-        ids = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type,
-                           kind == NODE_KIND_HEAD, count)  # one sbatch (an array) if it can
-        logger.info("Submitted Slurm job(s) %s for %s node(s) of type %s", ", ".join(ids),
-                    kind, node_type)
+            runs.new_run(self.cluster_dir)  # job ids may restart: keep runs' logs apart
+        ids = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type, head,
+                           count)  # one sbatch (an array) if it can
+        if head:
+            runs.record_head(self.cluster_dir, ids[0])
+        logger.info("Submitted Slurm job(s) %s for %s node type %s", ", ".join(ids),
+                    "the head of" if head else "workers of", node_type)
         created: dict[str, Any] = {}
         for job_id in ids:
             job = Job(job_id=job_id, name=spec.job_name, state="PENDING",
-                      partition=ncfg.partition or "")
+                      partition=nt.node_config.partition or "")
             with self._lock:
                 self._nodes[job_id] = NodeRecord(job, dict(tags))
                 self._born[job_id] = self._listings
@@ -284,10 +287,8 @@ class SlurmNodeProvider(NodeProvider):
         return bootstrap_config(copy.deepcopy(cluster_config))
 
     @staticmethod
-    def fillout_available_node_types_resources(
-        cluster_config: dict[str, Any],
-    ) -> dict[str, Any]:
-        return fillout_resources(cluster_config)
+    def fillout_available_node_types_resources(config: dict[str, Any]) -> dict[str, Any]:
+        return fillout_resources(config)
 
     def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
         return cluster_config

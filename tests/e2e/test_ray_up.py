@@ -220,3 +220,8 @@ def test_down_leaves_nothing(cluster: RayCluster) -> None:
     wait_for(lambda: squeue(f"ray-{cluster.name}") == [], 60, "jobs to leave squeue")
     wait_for(lambda: ray_pids_of(ids) == [], 60, "Ray processes of the cluster to exit")
     assert not cluster.cdir.head_file.exists()
+    # Issue 14.19: the head's log is what one needs after `ray down` (or a crash).
+    cp = subprocess.run([str(Path(RAY).with_name("ray-slurm")), "logs", str(cluster.path),
+                         "head"], capture_output=True, text=True, timeout=60,
+                        env=cluster.base_env(), check=False)
+    assert cp.returncode == 0 and "[ray-slurm " in cp.stdout, cp.stderr

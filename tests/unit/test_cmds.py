@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ray_slurm_provider.cli import doctor, status, validate
+from ray_slurm_provider.cli import doctor, logs, status, validate
 from ray_slurm_provider.cli import findings as checks
 from ray_slurm_provider.cli.common import Cluster, load_cluster, report
 from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
@@ -149,21 +149,45 @@ def test_follow_prints_until_the_job_is_gone(tmp_path: Path) -> None:
         state["alive"] -= 1
         return state["alive"] > 0
 
-    status.follow(log, alive, out, sleep=sleep, check_every=2)
+    logs.follow(log, alive, out, sleep=sleep, check_every=2)
     assert out.getvalue() == "a\nb\nc\n"
 
 
 def test_resolve_job_and_list_logs(tmp_path: Path) -> None:
     c = cluster(tmp_path, FakeSlurm())
-    assert status.list_logs(c)[0].startswith("no logs yet")
+    assert logs.list_logs(c)[0].startswith("no logs yet")
     c.cdir.create()
     c.cdir.log("42").write_text("hello\n")
-    assert "42" in status.list_logs(c)[1]
-    assert status.resolve_job(c, "42") == "42" and status.resolve_job(c, None) is None
-    with pytest.raises(Exception, match="no running head"):
-        status.resolve_job(c, "head")
+    assert "42" in logs.list_logs(c)[1]
+    assert logs.resolve_job(c, "42") == "42" and logs.resolve_job(c, None) is None
+    assert logs.resolve_job(c, "42_3") == "42_3"  # an array task
+    with pytest.raises(Exception, match="no head recorded"):
+        logs.resolve_job(c, "head")
     with pytest.raises(Exception, match="not a Slurm job id"):
-        status.resolve_job(c, "n1")
+        logs.resolve_job(c, "n1")
+
+
+def test_the_head_log_outlives_the_head_and_runs_stay_apart(tmp_path: Path) -> None:
+    """Issue 14.19: `ray-slurm logs CONFIG head` failed after `ray down` or a head crash,
+    exactly when it is needed; sandbox job ids restart at 1, so one `1.out` mixed runs."""
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
+    from tests.unit.test_provider import HEAD_TAGS
+
+    c = cluster(tmp_path, FakeSlurm())
+    p = SlurmNodeProvider({"type": "external", "state_dir": str(tmp_path / "state"),
+                           "python": "/py"}, c.name)
+    p._client = FakeSlurm()
+    (first,) = p.create_node({}, HEAD_TAGS, 1)
+    c.cdir.log(first).write_text("run one\n")
+    c.cdir.write_head(HeadInfo(job_id=first, ip="127.0.0.2", gcs_port=24000))
+    c.cdir.clear_head()  # `ray down`, or the head's crash
+    assert logs.resolve_job(c, "head") == first  # the last head's log, after it is gone
+    p._client = FakeSlurm()  # a new sandbox: job ids start again
+    (second,) = p.create_node({}, HEAD_TAGS, 1)
+    assert second == first and not c.cdir.log(second).exists()  # a fresh log for the new run
+    (old,) = c.cdir.logs.glob(f"runs/*/{first}.out")
+    assert old.read_text() == "run one\n"
+    assert any(str(old) in line for line in logs.list_logs(c))
 
 
 def test_doctor_token_file_and_temp_dir(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_a_command_list_parses_as_its_join(cmds: list[str]) -> None:
     commands in shells of their own, `ray start`'s own command's part in Ray's shell)."""
     def shell_before(p: shellcmd.Program) -> list[str]:
         return p.before + [s for s in shellcmd.split_top_level(p.prefix)
-                           if not shellcmd.is_export(s)]
+                           if shellcmd.parse(s).rest == [s]]  # plain shell only
 
     assume(sum("ray start" in c for c in cmds) <= 1)  # one `ray start`, as Ray's lists have
     one, joined = shellcmd.parse_commands(cmds), shellcmd.parse("; ".join(cmds))
@@ -216,3 +216,12 @@ def test_what_follows_ray_start_is_refused_with_the_key_path() -> None:
     with pytest.raises(ConfigError, match=r"head_start_ray_commands\[0\]: .*never returns"):
         parse_cluster({**base, "head_start_ray_commands": ["ray start --head && touch up"]})
     parse_cluster({**base, "head_start_ray_commands": ["ulimit -n 4096; ray start --head"]})
+
+
+def test_ray_stop_before_ray_start_never_runs_bare_in_rays_shell() -> None:
+    """Ray's examples start workers with `ray stop; ray start ...`: the prefix that runs in
+    Ray's own shell must never carry the bare `ray stop` (it would kill every Ray process
+    of the user on the node, other clusters' too)."""
+    p = shellcmd.parse("ulimit -n 4096; ray stop; ray start --address=h:1")
+    assert p.ray_stop and "ray stop" not in p.prefix and p.prefix.startswith("ulimit -n 4096")
+    assert shellcmd.parse("ray stop; ray start --address=h:1").prefix == ""

@@ -1,0 +1,115 @@
+"""`ray-slurm logs CONFIG [JOB|head] [--follow]`: a job's output from the cluster directory.
+
+`logs/<job id>.out` holds the node agent's and Ray's start-up output; `--follow` keeps printing
+until the job is gone. `head` is the running head, or the last one after `ray down` or a
+crash. Each `ray up` that creates a head moves the earlier run's logs to `logs/runs/<time>/`
+(provider/runs.py), so job ids that restart (a new sandbox) never mix two runs in one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from ray_slurm_provider.cli.common import CliError, Cluster, load_cluster, run_command, table
+from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.provider.runs import last_head
+from ray_slurm_provider.slurm.client import JOB_ID_RE
+
+
+def resolve_job(cluster: Cluster, job: str | None) -> str | None:
+    if job in (None, ""):
+        return None
+    if job == "head":
+        head = cluster.cdir.read_head()
+        if head and head.job_id:
+            return head.job_id
+        last = last_head(cluster.cdir)  # the head is gone: its last log is what is wanted
+        if last is None:
+            raise CliError(f"no head recorded in {cluster.cdir.root} (has `ray up` run?)")
+        print(f"# the head is not running; its last job was {last}", file=sys.stderr)
+        return last
+    if not JOB_ID_RE.match(str(job)):
+        raise CliError(f"{job!r} is not a Slurm job id (or `head`)")
+    return str(job)
+
+
+def list_logs(cluster: Cluster) -> list[str]:
+    """This run's logs, then earlier runs' (kept apart: job ids may restart)."""
+    files = sorted(cluster.cdir.logs.glob("*.out"), key=lambda p: p.stat().st_mtime)
+    files = sorted(cluster.cdir.logs.glob("runs/*/*.out")) + files
+    if not files:
+        return [f"no logs yet in {cluster.cdir.logs}"]
+    rows = [[p.stem, f"{p.stat().st_size}",
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime)), str(p)]
+            for p in files]
+    return [*table(["JOB", "BYTES", "MODIFIED", "PATH"], rows),
+            "show one: ray-slurm logs CONFIG <job id>|head [--follow]"]
+
+
+def follow(path: Path, alive: Callable[[], bool], out: TextIO,
+           sleep: Callable[[float], None] = time.sleep, every: float = 0.5,
+           check_every: int = 10) -> None:
+    """Print what is appended to `path` until `alive()` says the job is gone (asked every
+    `check_every` polls), then print what is left."""
+    pos = 0
+
+    def drain() -> None:
+        nonlocal pos
+        if not path.exists():
+            return
+        with path.open("rb") as f:
+            f.seek(pos)
+            chunk = f.read()
+        pos += len(chunk)
+        if chunk:
+            out.write(chunk.decode(errors="replace"))
+            out.flush()
+
+    polls = 0
+    while True:
+        drain()
+        polls += 1
+        if polls % check_every == 0 and not alive():
+            drain()  # what the job wrote last
+            return
+        sleep(every)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    def body() -> int:
+        cluster = load_cluster(args.config)
+        job = resolve_job(cluster, args.job)
+        if job is None:
+            print("\n".join(list_logs(cluster)))
+            return 0
+        path = cluster.cdir.log(job)
+        if not path.exists() and not args.follow:
+            raise CliError(f"no log for job {job} ({path} does not exist)")
+        if args.follow:
+            def alive() -> bool:
+                return any(j.job_id == job and j.active
+                           for j in cluster.client.list_jobs(cluster.job_name))
+            follow(path, alive, sys.stdout)
+        else:
+            lines = path.read_text(errors="replace").splitlines()
+            print("\n".join(lines[-args.lines:] if args.lines else lines))
+        agent = cluster.cdir.node(job).read_agent()  # an array task's own numeric id
+        tmp = temp_dir(cluster.pcfg.temp_dir_root, agent.job_id if agent else job)
+        print(f"# Ray's own logs stay on the node: {tmp}/session_latest/logs/", file=sys.stderr)
+        return 0
+
+    return run_command(body)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("logs", help="a node's job log (or the list of logs)")
+    p.add_argument("config", help="cluster YAML")
+    p.add_argument("job", nargs="?", help="Slurm job id, or `head`; omit to list the logs")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--lines", "-n", type=int, default=0, help="only the last N lines")
+    p.set_defaults(func=cmd_logs)
