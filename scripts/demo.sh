@@ -7,18 +7,23 @@ cd "$(dirname "$0")/.."
 
 if [ ! -x .venv/bin/ray-slurm ]; then
   python3 -m venv .venv
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e .  # the package alone: the demo needs no test tools
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 
 ray-slurm sandbox up --install
 # shellcheck disable=SC1091
 source "${RAY_SLURM_SANDBOX_DIR:-/tmp/rsp-sandbox}/env.sh"
-trap 'ray down -y cluster-configs/sandbox.yaml || true; ray-slurm sandbox down' EXIT
+# On the way out (an error, Ctrl-C): take the cluster down unless that already happened.
+cluster_up=0
+trap '[ "$cluster_up" = 0 ] || ray down -y cluster-configs/sandbox.yaml || true
+      ray-slurm sandbox down' EXIT
 
 sinfo -N -o '%N %P %T %c %m %G'
+cluster_up=1
 time ray up -y cluster-configs/sandbox.yaml
 eval "$(ray-slurm env cluster-configs/sandbox.yaml)"
-ray job submit --address "$RAY_DASHBOARD_URL" --working-dir examples -- python hello.py
+ray job submit --working-dir examples -- python hello.py
 squeue --name=ray-sandbox -o '%i %j %T %N %L'
 time ray down -y cluster-configs/sandbox.yaml
+cluster_up=0

@@ -22,9 +22,9 @@ if ray-slurm sandbox status >/dev/null 2>&1; then
   echo "reusing the sandbox already running at $RAY_SLURM_SANDBOX_DIR (left running)"
 else
   trap 'echo "== sandbox down"; ray-slurm sandbox down' EXIT
-  docker_flag=()
-  if command -v dockerd >/dev/null 2>&1; then docker_flag=(--docker); fi
-  ray-slurm sandbox up --port-offset "${RAY_SLURM_SANDBOX_PORT_OFFSET:-0}" "${docker_flag[@]}"
+  # --install: apt-get what the suites need and is missing (Slurm, munge, docker, podman),
+  # so this command works on a fresh machine as it does under .ci/run.
+  ray-slurm sandbox up --install --docker --port-offset "${RAY_SLURM_SANDBOX_PORT_OFFSET:-0}"
 fi
 # shellcheck disable=SC1091
 source "$RAY_SLURM_SANDBOX_DIR/env.sh"

@@ -256,6 +256,10 @@ class Sandbox:
             # marker), and job processes that escaped proctrack/linuxproc.
             strays = owned_processes(self.state_dir) + job_processes(self.layout.slurm_conf)
             left += kill_pids(strays, term_timeout_s=5.0)
+            # Children the daemons forked while they stopped (a last slurmstepd): `down`
+            # returns only once nothing of the sandbox runs.
+            late = owned_processes(self.state_dir) + job_processes(self.layout.slurm_conf)
+            left += kill_pids(late, term_timeout_s=5.0) if late else []
             files.remove_state_dir(self.layout)
         if left:
             raise SandboxError(f"processes survived SIGKILL: {left}")

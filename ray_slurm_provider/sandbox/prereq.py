@@ -18,8 +18,11 @@ SLURM_PACKAGES: dict[str, tuple[str, ...]] = {
     "slurm-wlm-jwt-plugin": ("/usr/lib/*/slurm-wlm/auth_jwt.so|/usr/lib*/slurm*/auth_jwt.so",),
     "munge": ("munged",),
 }
+#: With --docker: the container runtimes the container suites run over (docker and podman).
 DOCKER_PACKAGES: dict[str, tuple[str, ...]] = {
     "docker.io": ("dockerd", "docker"),
+    "podman": ("podman",),
+    "catatonit": ("catatonit",),
 }
 
 

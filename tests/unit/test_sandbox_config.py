@@ -181,9 +181,18 @@ def test_missing_packages_name_the_apt_command(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(prereq, "_present", lambda probe: False)
     with pytest.raises(SandboxError) as ei:
         prereq.ensure_packages(docker=True, install=False)
-    assert "apt-get install -y slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge docker.io" in str(
-        ei.value
-    )
+    # Issue 14.21: the container suites run over podman too, so --docker brings podman.
+    assert ("apt-get install -y slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge docker.io "
+            "podman catatonit") in str(ei.value)
+
+
+def test_the_readme_test_command_sets_up_what_its_tests_need() -> None:
+    """Issue 14.21: README command 2 on a fresh machine failed every podman test, because only
+    .ci/run installed podman: scripts/test.sh now has the sandbox install what is missing."""
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "scripts" / "test.sh").read_text()
+    assert "ray-slurm sandbox up --install" in script
+    assert "python3 -m venv .venv" in (root / "README.md").read_text()
 
 
 # -- processes by pid ---------------------------------------------------------------------
