@@ -135,6 +135,14 @@ def test_rejected_head_fails_ray_up_in_slurms_words(sandbox: Sandbox, tmp_path: 
     assert cp.returncode != 0 and "'cpux' is not a partition of this Slurm cluster; valid " \
         "choices: cpu, gpu" in cp.stderr + cp.stdout
     assert squeue("ray-hard-rej") == []
+    # Issue 14.17: a negative max_workers passed `ray up`, and the type then never scaled.
+    cfg["available_node_types"]["head"]["node_config"].update(partition=None)
+    cfg["available_node_types"]["cpu_worker"]["max_workers"] = -2
+    c = RayCluster(tmp_path, "hard-rej", cfg)
+    cp = c.ray("up", "-y", "--no-config-cache", str(c.path), check=False)
+    assert cp.returncode != 0 and "available_node_types.cpu_worker.max_workers: -2 is " \
+        "negative" in cp.stderr + cp.stdout
+    assert squeue("ray-hard-rej") == []
 
 
 def test_controller_outage_loses_nothing(cluster: RayCluster, sandbox: Sandbox,
