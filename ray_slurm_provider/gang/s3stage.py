@@ -59,6 +59,22 @@ def tracker_last(rel_paths: list[str]) -> list[str]:
     return sorted(rel_paths, key=lambda r: (Path(r).name in TRACKERS, r))
 
 
+class UnsafeKey(ValueError):
+    """An object's key would write outside the checkpoint directory."""
+
+
+def destination(root: Path, rel: str, uri: str) -> Path:
+    """Where the object `rel` (its key less the prefix) goes: always below `root`. A key with
+    `..`, or an absolute path after the prefix (`prefix//home/u/.bashrc`), is refused."""
+    base = root.resolve()
+    dest = (base / rel).resolve()
+    if dest == base or base not in dest.parents:
+        raise UnsafeKey(f"S3 object {uri.rstrip('/')}/{rel} would be written to {dest}, "
+                        f"outside the checkpoint directory {base}; nothing was downloaded. "
+                        "Remove that object, or use a prefix that holds only the checkpoint")
+    return dest
+
+
 @dataclass
 class S3Stage:
     uri: str
@@ -93,10 +109,12 @@ class S3Stage:
         root.mkdir(parents=True, exist_ok=True)
         fetched = []
         remote = self.remote()
+        # Every key is checked before anything is written: a refusal leaves the dir as it was.
+        dests = {rel: destination(root, rel, self.uri) for rel in remote}
         for rel in tracker_last(list(remote)):
             size, etag = remote[rel]
-            dest = root / rel
-            if ".." in Path(rel).parts or same(dest, size, etag):
+            dest = dests[rel]
+            if same(dest, size, etag):
                 continue
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.rsp-part-{os.getpid()}")

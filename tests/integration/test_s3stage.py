@@ -79,3 +79,21 @@ def test_same_size_change_is_detected_by_md5(endpoint: str, tmp_path: Path) -> N
     assert stage.push(str(tmp_path / "s")) == ["latest"]
     f.write_text("2")  # same size, new content
     assert stage.push(str(tmp_path / "s")) == ["latest"]
+
+
+@pytest.mark.parametrize("key", ["run9/{abs}", "run9/../outside", "run9/a/../../up"])
+def test_a_key_that_escapes_the_checkpoint_dir_is_refused(endpoint: str, tmp_path: Path,
+                                                          key: str) -> None:
+    """Issue 13.3: `prefix//home/u/.bashrc` became an absolute path and was written there."""
+    import boto3
+
+    from ray_slurm_provider.gang.s3stage import UnsafeKey
+
+    target = tmp_path / "escaped"  # the `//` key names it absolutely
+    key = key.format(abs=str(target))
+    boto3.client("s3", endpoint_url=endpoint).put_object(Bucket="ckpt", Key=key, Body=b"x")
+    dst = tmp_path / "dst"
+    with pytest.raises(UnsafeKey, match=r"outside the checkpoint directory .*dst.*prefix"):
+        S3Stage("s3://ckpt/run9", endpoint).pull(str(dst))
+    assert not target.exists() and not (tmp_path / "outside").exists()
+    assert not (tmp_path / "up").exists()
