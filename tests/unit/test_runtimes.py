@@ -110,3 +110,16 @@ def test_container_env_passes_ray_settings_by_name(tmp_path: Path) -> None:
     assert passed == {"RAY_AUTH_MODE", "MY_VAR", "A", "DOCKER_HOST"}
     assert full["A"] == "1"
     assert argv[-3:] == ["ray", "start", "--block"]  # the image's ray, not the host path
+
+
+def test_the_container_docs_say_what_the_code_does_about_the_user() -> None:
+    """Issue 13.7: docs/containers.md said the provider never adds `--user`; it does, by
+    default (`container.run_as_user`)."""
+    from pathlib import Path
+
+    from ray_slurm_provider.config import ContainerConfig
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "containers.md").read_text()
+    assert ContainerConfig().run_as_user is True
+    assert "does not add `--user`" not in text
+    assert "`container.run_as_user: true`, the default" in text
