@@ -60,6 +60,11 @@ class RestConfig:
         "the provider lists. Default: the token's own user (its `sun` claim), else the user "
         "running the provider.",
         None)
+    ca_file: str | None = doc(
+        "CA bundle that signs slurmrestd's https certificate (a site's own CA).", None)
+    proxy: str | None = doc(
+        "HTTP proxy to reach slurmrestd through. Default: none; `http_proxy` and friends "
+        "in the environment are never used, so the JWT goes to slurmrestd alone.", None)
 
 
 @dataclass(frozen=True)

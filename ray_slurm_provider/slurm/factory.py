@@ -20,8 +20,11 @@ def make_client(pcfg: ProviderConfig | None = None, *, timeout: float = 30.0) ->
         from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 
         r = pcfg.rest
+        from ray_slurm_provider.slurm.rest.http import session_send
+
         return RestSlurmClient(r.url, jwt_file=r.jwt_file, jwt_env=r.jwt_env, user=r.user,
-                               timeout=timeout)
+                               timeout=timeout,
+                               send=session_send(proxy=r.proxy, ca_file=r.ca_file))
     if api == "pyslurm":
         from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient
 

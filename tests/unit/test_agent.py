@@ -124,7 +124,7 @@ def test_jobs_carry_the_clusters_slurm_client_to_the_agent(tmp_path: Path) -> No
     spec = NodeSpec.from_json(job.command[-1])
     assert spec.slurm_api == "rest"
     assert spec.rest == {"url": "http://rest:6820", "jwt_file": str(tmp_path / "jwt"),
-                         "jwt_env": "SLURM_JWT", "user": "me"}
+                         "jwt_env": "SLURM_JWT", "user": "me", "ca_file": None, "proxy": None}
     client = slurm_client(spec)
     assert isinstance(client, RestSlurmClient)
     assert (client.base_url, client.user) == ("http://rest:6820", "me")

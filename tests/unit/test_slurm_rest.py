@@ -396,3 +396,71 @@ def test_cancel_takes_array_task_ids() -> None:
     client(server).cancel(["7_3", "8"])
     assert sorted(p for p in server.paths() if p.startswith("DELETE")) == [
         "DELETE /slurm/v0.0.38/job/7_3", "DELETE /slurm/v0.0.38/job/8"]
+
+
+# --- issue 13.4: the token never goes through a proxy it was not told to use ----------------
+class _Recorder:
+    """A loopback HTTP server that records the requests (and their token header) it gets."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen = self.seen = []  # type: list[tuple[str, str]]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append((self.path, self.headers.get("X-SLURM-USER-TOKEN", "")))
+                body = b'{"meta": {}, "errors": [], "pings": []}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_token_never_goes_through_an_environment_proxy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`http_proxy`/`https_proxy`, often set on login nodes, sent the JWT to the proxy."""
+    from ray_slurm_provider.slurm.rest import http as rest_http
+
+    server, proxy = _Recorder(), _Recorder()
+    try:
+        for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.setenv(var, proxy.url)
+        for var in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(var, raising=False)
+        send = rest_http.session_send()
+        resp = send(rest_http.HttpRequest("GET", server.url + "/slurm/v0.0.38/ping",
+                                          {"X-SLURM-USER-TOKEN": TOKEN}, timeout=10))
+        assert resp.status == 200
+        assert proxy.seen == [] and server.seen == [("/slurm/v0.0.38/ping", TOKEN)]
+        # A proxy set in the config is used: the site chose it.
+        via = rest_http.session_send(proxy=proxy.url)
+        via(rest_http.HttpRequest("GET", server.url + "/x", {}, timeout=10))
+        assert len(proxy.seen) == 1
+    finally:
+        server.close()
+        proxy.close()
+
+
+def test_plain_http_to_another_host_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ray_slurm_provider.slurm.rest import http as rest_http
+
+    caplog.set_level(logging.WARNING)
+    assert rest_http.cleartext_warning("http://127.0.0.1:6820") is None
+    assert rest_http.cleartext_warning("https://rest.example.org:6820") is None
+    warning = rest_http.cleartext_warning("http://rest.example.org:6820")
+    assert warning is not None and "in clear text" in warning and "https://" in warning

@@ -81,7 +81,8 @@ class RestSlurmClient:
         self._url, self._jwt_file, self._jwt_env, self._user = url, jwt_file, jwt_env, user
         self._timeout = timeout
         self._env = dict(env) if env is not None else None  # None: os.environ at call time
-        self._send = send or rest_http.urllib_send
+        self._send = send or rest_http.session_send()
+        self._warned = False  # about a plain-http URL, once
         self._versions = tuple(versions)
         self._clock = clock
         self._cwd = cwd
@@ -104,6 +105,11 @@ class RestSlurmClient:
             raise PermanentSlurmError(
                 f"no slurmrestd URL: set provider.rest.url (or {URL_ENV}), e.g. "
                 "http://slurm-rest.example.org:6820", command="slurmrestd")
+        if not self._warned:
+            self._warned = True
+            warning = rest_http.cleartext_warning(url)
+            if warning:
+                logger.warning(warning)
         return url.rstrip("/")
 
     def _token(self) -> str:

@@ -1,6 +1,6 @@
 """HTTP plumbing of the REST back end: the JWT, one JSON round trip, and typed errors.
 
-Everything goes through a `Send` callable (`urllib_send` by default) so unit tests replay
+Everything goes through a `Send` callable (`session_send()` by default) so unit tests replay
 recorded slurmrestd answers without a socket. Errors keep slurmrestd's own words:
 
 * no answer (connection refused, reset, timeout), HTTP 502/503/504, 408 and 429 are
@@ -26,7 +26,7 @@ import os
 import socket
 import time
 import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,15 +66,41 @@ class HttpResponse:
 Send = Callable[[HttpRequest], HttpResponse]
 
 
-def urllib_send(req: HttpRequest) -> HttpResponse:
-    """`Send` over urllib.request; HTTP error statuses are answers, not exceptions."""
-    r = urllib.request.Request(req.url, data=req.body, method=req.method,
-                               headers=dict(req.headers))
-    try:
-        with urllib.request.urlopen(r, timeout=req.timeout) as resp:
-            return HttpResponse(int(resp.status), resp.read())
-    except urllib.error.HTTPError as e:
-        return HttpResponse(int(e.code), e.read())
+def session_send(*, proxy: str | None = None, ca_file: str | None = None) -> Send:
+    """`Send` over one requests.Session. Nothing comes from the environment (`trust_env` off):
+    an `http_proxy` on a login node would otherwise receive the JWT, so a proxy is used only
+    when the config names one. `ca_file` verifies a site's own CA (https). HTTP error
+    statuses are answers, not exceptions; no answer raises an OSError, as `request` expects."""
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False
+    if proxy:
+        session.proxies = {"http": proxy, "https": proxy}
+    verify: bool | str = ca_file or True
+
+    def send(req: HttpRequest) -> HttpResponse:
+        try:
+            r = session.request(req.method, req.url, data=req.body, headers=dict(req.headers),
+                                timeout=req.timeout, verify=verify, allow_redirects=False)
+        except requests.Timeout as e:
+            raise TimeoutError(str(e)) from e
+        except requests.RequestException as e:
+            raise ConnectionError(str(e)) from e
+        return HttpResponse(int(r.status_code), bytes(r.content))
+
+    return send
+
+
+def cleartext_warning(url: str) -> str | None:
+    """What to say when the JWT would cross the network unencrypted (plain http to a host
+    that is not this one)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme != "http" or host == "localhost" or host == "::1" or host.startswith("127."):
+        return None
+    return (f"slurmrestd at {url} is plain http: your Slurm JWT goes over the network in clear "
+            "text with every request; use https:// (with provider.rest.ca_file for a site CA)")
 
 
 def read_token(jwt_file: str | None, jwt_env: str, env: Mapping[str, str]) -> str:
