@@ -82,6 +82,11 @@ def ray_start_argv(
         # A queued worker job is not a failed one: give Slurm's queue time before the v2
         # autoscaler gives up on an allocated-but-not-running node.
         run_env.setdefault("RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S", "86400")
+        # A submitted job is listed (PENDING) within one tick. One that is never listed ended
+        # at once (its node went DOWN, its prologue failed): v2 would hold the launch
+        # request, and the type's slot, for 10 minutes before asking again (seen on the
+        # sandbox); two minutes still outlast a slurmctld restart.
+        run_env.setdefault("RAY_AUTOSCALER_RECONCILE_REQUEST_STATUS_TIMEOUT_S", "120")
     for k, v in prog.exports.items():
         run_env[k] = _expand(v, run_env)
     if spec.labels:

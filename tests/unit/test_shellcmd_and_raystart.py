@@ -159,6 +159,9 @@ def test_head_start_gets_port_block_and_cluster_bootstrap(tmp_path: Path) -> Non
     assert "--dashboard-host=127.0.0.2" in argv and "--dashboard-port=25001" in argv
     assert renv["RAY_enable_autoscaler_v2"] == "1"
     assert renv["AUTOSCALER_METRIC_PORT"] == "25003"
+    # A worker job that ends before any listing saw it (it died at once, or its node went
+    # DOWN) left v2's launch request waiting 10 minutes, with the type's slot taken.
+    assert renv["RAY_AUTOSCALER_RECONCILE_REQUEST_STATUS_TIMEOUT_S"] == "120"
     assert renv["RAY_AUTH_MODE"] == "disabled"
 
 
