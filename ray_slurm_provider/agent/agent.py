@@ -34,6 +34,7 @@ from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import AgentInfo, ClusterDir, HeadInfo, RayUp
 
 STARTED_MARKER = "Ray runtime started"
+SETUP_TIMEOUT_S = 3600.0  # one setup command (pip install, a module load)
 
 
 def log(msg: str) -> None:
@@ -61,7 +62,8 @@ class Agent:
         self.cdir = ClusterDir(spec.state_dir, spec.cluster_name)
         self.ndir = self.cdir.node(self.node_id)
         self.slurm = slurm_client(spec)
-        self.child: Any = None
+        self.child: Any = None  # `ray start --block`
+        self.step: Any = None  # the setup command running now
         self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
         # Set once the TERM has been acted on (the terminator thread); waits end on it.
@@ -104,6 +106,9 @@ class Agent:
         """Stop this job's Ray (and its container): the terminator thread, or the head watch."""
         self.terminating = True
         self._stopped.set()
+        step = self.step
+        if step is not None and step.poll() is None:  # a setup command: Ray never starts
+            proc.kill_tree(step.pid, signal.SIGTERM)
         if self.child is not None and self.child.poll() is None:
             if self.head_going():
                 # Ray's drain would wait for a GCS that is gone (`ray down`: the head stops
@@ -149,10 +154,24 @@ class Agent:
             if self.terminating:
                 raise Stopping(f"told to stop before: {c}")
             log(f"running: {c}")
-            res = proc.run(["bash", "-c", c], env=env, timeout=3600, check=False)
-            sys.stdout.write(res.stdout + res.stderr)
-            if res.returncode != 0:
-                raise RuntimeError(f"command failed with exit code {res.returncode}: {c}")
+            # Started, not run: a TERM meanwhile ends it (on_term), not Slurm's SIGKILL later.
+            step = self.step = proc.start(["bash", "-c", c], env=env)
+            if self.terminating:  # the TERM came while it started: on_term saw no step yet
+                proc.kill_tree(step.pid, signal.SIGTERM)
+            limit = threading.Timer(SETUP_TIMEOUT_S, step.kill)
+            limit.start()
+            try:
+                assert step.stdout is not None
+                for line in step.stdout:
+                    sys.stdout.write(line)
+                code = step.wait()
+            finally:
+                limit.cancel()
+                self.step = None
+            if self.terminating:
+                raise Stopping(f"told to stop while running: {c}")
+            if code != 0:
+                raise RuntimeError(f"command failed with exit code {code}: {c}")
 
     def build(self, prog: shellcmd.Program, extra_env: dict[str, str]) -> tuple[
         list[str], dict[str, str]

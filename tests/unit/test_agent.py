@@ -34,6 +34,9 @@ class FakeChild:
     def send_signal(self, sig: int) -> None:
         pass
 
+    def kill(self) -> None:
+        pass
+
 
 def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[FakeChild],
           attempts: int = 3) -> tuple[WorkerAgent, list[list[str]]]:
@@ -199,18 +202,35 @@ def test_the_agent_imports_nothing_of_the_provider_or_the_cli() -> None:
 # --- issue 14.3: a TERM during setup stops at the next step boundary --------------------------
 def test_term_during_setup_never_starts_ray(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    a, started = agent(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 0)])
-    ran: list[str] = []
+    a, started = agent(tmp_path, monkeypatch, [])
 
-    def run(argv: list[str], **kw: Any) -> Any:
-        ran.append(argv[-1])
-        a.on_signal(15, None)  # Slurm's TERM arrives while the first setup command runs
-        return proc.Result(argv, 0, "", "")
+    class Setup(FakeChild):
+        """The first setup command: Slurm's TERM arrives while it runs."""
 
-    monkeypatch.setattr(proc, "run", run)
+        def __init__(self) -> None:
+            super().__init__(["one\n"], -15)
+
+        def poll(self) -> int | None:
+            return None  # still running when the TERM comes
+
+    killed: list[int] = []
+    monkeypatch.setattr(proc, "kill_tree", lambda pid, sig=9: killed.append(sig) or 1)
+    setup = Setup()
+    setup.pid = 4242  # type: ignore[attr-defined]
+    children: list[Any] = [setup]
+
+    def start(argv: list[str], env: Any = None) -> Any:
+        started.append(list(argv))
+        child = children.pop(0)
+        if child is setup:
+            a.on_term(15, None)  # what the terminator thread does on the TERM
+        return child
+
+    monkeypatch.setattr(proc, "start", start)
     a.spec.start_commands = ["echo one", "echo two", "ray start --address=x:1"]
-    a.run()
-    assert ran == ["echo one"] and started == []  # no second command, and no Ray
+    assert a.run() == 0
+    assert [s[-1] for s in started] == ["echo one"]  # no second command, and no Ray
+    assert killed == [15]  # the running setup command was told to stop, not left to SIGKILL
 
 
 def test_term_during_the_retry_back_off_never_starts_ray_again(
