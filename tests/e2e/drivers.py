@@ -101,6 +101,11 @@ ray.init(log_to_driver=False)
 ray.get(ray.remote(num_cpus=0, resources={"bad": 1})(lambda: 1).remote())
 """
 
+# Demand for a type whose jobs die in their prologue (issue 14.1), and for one whose setup
+# command runs long (issue 14.3).
+CRASH = BAD.replace('"bad"', '"crash"')
+SLOW = BAD.replace('"bad"', '"slow"')
+
 # Two busy workers, for the head-gone test.
 TWO = """
 import time, ray

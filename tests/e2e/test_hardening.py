@@ -84,7 +84,19 @@ def config(home: str = "n1") -> dict[str, Any]:
     t["bad_worker"] = {"resources": {"CPU": 0, "bad": 1}, "min_workers": 0, "max_workers": 1,
                        "node_config": {"partition": "cpu", "cpus": 1, "time": "10",
                                        "constraint": "nosuchfeature"}}
-    cfg["max_workers"] = 5
+    # Issue 14.1: its jobs die in the prologue, before the agent runs (PENDING -> gone
+    # between two listings); the type must be held back like a rejected one.
+    t["crash_worker"] = {"resources": {"CPU": 0, "crash": 1}, "min_workers": 0,
+                         "max_workers": 1,
+                         "node_config": {"partition": "cpu", "cpus": 1, "time": "10",
+                                         "prologue": ["echo 'module: command not found' >&2",
+                                                      "exit 3"]}}
+    # Issue 14.3: a TERM while its setup command runs must end the job at once, no Ray.
+    t["slow_worker"] = {"resources": {"CPU": 0, "slow": 1}, "min_workers": 0, "max_workers": 1,
+                        "worker_setup_commands": ["sleep 600"],
+                        "node_config": {"partition": "cpu", "cpus": 1, "time": "15",
+                                        "exclude": home}}
+    cfg["max_workers"] = 7
     return cfg
 
 
@@ -109,6 +121,7 @@ def cluster(sandbox: Sandbox, workdir: Path) -> Iterator[RayCluster]:
         FIGURES["ray up s"] = round(c.up(), 1)
         STATE["bad"] = Driver(c, drivers.BAD)
         STATE["bad_since"] = time.time()
+        STATE["crash"] = Driver(c, drivers.CRASH)
         yield c
     finally:
         if c.cdir.head_file.exists():
@@ -274,6 +287,53 @@ def test_rejected_node_type_backs_off_and_shows_why(cluster: RayCluster) -> None
     assert log_lines(log, 0, r"Failed to launch .*bad_worker.*Invalid feature specification")
     assert not [j for j in jobs(cluster) if "bad_worker" in j.comment]  # never queued
     STATE["bad"].stop()
+
+
+def test_a_type_whose_jobs_die_at_start_is_held_back(cluster: RayCluster) -> None:
+    """Issue 14.1: jobs that fail in their prologue go PENDING -> gone between two listings;
+    they used to be resubmitted every tick for as long as the demand lasted."""
+    elapsed = time.time() - STATE["bad_since"]
+    errors = json.loads((cluster.cdir.root / "errors.json").read_text())
+    crash = errors["crash_worker"]
+    assert crash["kind"] == "crashed" and "module: command not found" in crash["message"], crash
+    # One such job is bad luck (free), then 60 s doubling: never one sbatch per tick.
+    assert 2 <= crash["failures"] <= 3 + math.log2(elapsed / 60 + 1), (crash, elapsed)
+    assert crash["held_back"] >= 1
+    FIGURES["crashing type"] = {"seconds": round(elapsed), "jobs": crash["failures"],
+                                "refused locally": crash["held_back"]}
+    STATE["crash"].stop()
+
+
+def test_term_during_setup_ends_the_job_without_ray(cluster: RayCluster) -> None:
+    """Issue 14.3: a TERM during a setup command used to let the job run on (and start Ray)
+    until Slurm's SIGKILL; now the command is ended and Ray never starts."""
+    d = Driver(cluster, drivers.SLOW)
+
+    def in_setup() -> list[Any]:
+        return [j for j in workers(cluster, "slow_worker") if j.running
+                and "running: sleep 600" in _log(cluster, j.job_id)]
+
+    try:
+        (job,) = wait_for(in_setup, 300, "a slow_worker in its setup command")[:1]
+    finally:
+        d.stop()
+    t0 = time.time()
+    subprocess.run(["scancel", job.job_id], check=True, timeout=30)
+    wait_for(lambda: gone(job.job_id), 60, "the cancelled job to end", every=0.5)
+    ended = time.time() - t0
+    log = _log(cluster, job.job_id)
+    assert "told to stop while running: sleep 600" in log, log[-2000:]
+    assert "Ray runtime started" not in log
+    FIGURES["TERM during setup"] = {"job ended s": round(ended, 1)}
+    for j in workers(cluster, "slow_worker"):  # a replacement the demand may have launched
+        subprocess.run(["scancel", j.job_id], check=False, timeout=30)
+
+
+def _log(cluster: RayCluster, job_id: str) -> str:
+    try:
+        return cluster.cdir.log(job_id).read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def test_head_time_left_warns_and_extends(cluster: RayCluster) -> None:
