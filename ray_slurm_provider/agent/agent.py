@@ -231,8 +231,9 @@ class Agent:
 
         def active() -> set[str]:
             jobs = self.slurm.list_jobs(job_name(self.spec.cluster_name))
-            # Containers carry the numeric SLURM_JOB_ID (as the site epilog sees it).
-            return {j.numeric_id for j in jobs if j.active}
+            # Containers carry the numeric SLURM_JOB_ID (as the site epilog sees it). A job
+            # still COMPLETING is draining: its container is not the sweep's to remove.
+            return {j.numeric_id for j in jobs if j.active or j.state == "COMPLETING"}
 
         try:
             self.container.sweep(active)

@@ -28,6 +28,8 @@ class RunContext:
     gpu_ids: tuple[str, ...] = ()  # the GPUs Slurm allocated (global ids, SLURM_JOB_GPUS)
     drain_timeout_s: int = 5
     extra_mounts: tuple[str, ...] = field(default_factory=tuple)
+    #: The job's user: containers carry it, and a sweep touches only its own user's.
+    owner: int = field(default_factory=os.getuid)
 
     @property
     def name(self) -> str:

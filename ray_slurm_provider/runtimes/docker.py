@@ -16,8 +16,17 @@ from collections.abc import Mapping, Sequence
 from ray_slurm_provider.runtimes.base import RunContext, Runtime
 
 CLUSTER_LABEL = "ray-slurm.cluster"
+#: The uid of the job's user: on a daemon shared by the node's users, clusters of the same
+#: name belong to different people, and a sweep may only ever list its own user's.
+OWNER_LABEL = "ray-slurm.uid"
 JOB_LABEL = "slurm.job_id"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def _mine(ctx: RunContext) -> list[str]:
+    """`ps` filters (ANDed) for this user's containers of this cluster."""
+    return ["--filter", f"label={CLUSTER_LABEL}={ctx.cluster_name}",
+            "--filter", f"label={OWNER_LABEL}={ctx.owner}"]
 
 
 def is_tar(image: str) -> bool:
@@ -57,6 +66,7 @@ class Docker(Runtime):
         out = [*self.cli(ctx), "run", "--rm", "--init", "--name", ctx.name,
                "--label", f"{JOB_LABEL}={ctx.job_id}",
                "--label", f"{CLUSTER_LABEL}={ctx.cluster_name}",
+               "--label", f"{OWNER_LABEL}={ctx.owner}",
                "--net=host", "--stop-timeout", str(ctx.drain_timeout_s + 2)]
         if cfg.run_as_user:
             # The job's own user, not root: Ray's files stay the user's, and the head's
@@ -91,7 +101,7 @@ class Docker(Runtime):
         return [*self.cli(ctx), "rm", "-f", ctx.name]
 
     def list_cluster(self, ctx: RunContext) -> list[str] | None:
-        return [*self.cli(ctx), "ps", "-a", "--filter", f"label={CLUSTER_LABEL}={ctx.cluster_name}",
+        return [*self.cli(ctx), "ps", "-a", *_mine(ctx),
                 "--format", f'{{{{.Names}}}} {{{{.Label "{JOB_LABEL}"}}}}']
 
     def remove_names(self, ctx: RunContext, names: Sequence[str]) -> list[str] | None:
@@ -105,7 +115,7 @@ class Podman(Docker):
 
     def list_cluster(self, ctx: RunContext) -> list[str] | None:
         # Podman's .Labels is a map (Docker's is a string): index it.
-        return [*self.cli(ctx), "ps", "-a", "--filter", f"label={CLUSTER_LABEL}={ctx.cluster_name}",
+        return [*self.cli(ctx), "ps", "-a", *_mine(ctx),
                 "--format", f'{{{{.Names}}}} {{{{index .Labels "{JOB_LABEL}"}}}}']
 
     def gpu_options(self, ctx: RunContext) -> list[str]:

@@ -309,3 +309,25 @@ def test_the_prefix_of_ray_start_runs_in_rays_own_shell(tmp_path: Path,
     probe = [*argv[:3], argv[3], "bash", "-c", 'echo "$(ulimit -n) $PWD"']
     out = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["512", "/tmp"]
+
+
+def test_the_sweep_never_removes_the_container_of_a_completing_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13.1: a job still COMPLETING (draining) is not active, and its container was
+    removed by the next job's sweep on that node."""
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"),
+                    container={"runtime": "docker", "image": "img"})
+    a = WorkerAgent(spec, {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1",
+                           "HOME": str(tmp_path)})
+    fake = FakeSlurm()
+    a.slurm = fake
+    draining = fake.submit(JobSpec("ray-c1", ["true"]))
+    fake.start(draining)
+    fake.set_state(draining, "COMPLETING")
+    assert a.container is not None
+    swept: list[set[str]] = []
+    monkeypatch.setattr(a.container, "prepare", lambda: None)
+    monkeypatch.setattr(a.container, "sweep", lambda active: swept.append(active()))
+    a.prepare_container()
+    assert swept == [{fake.jobs[draining].job.numeric_id}]

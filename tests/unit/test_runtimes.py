@@ -28,7 +28,7 @@ def ctx(runtime: str, **cfg: object) -> RunContext:
     defaults.update(cfg)
     return RunContext("c1", "4242", ContainerConfig(runtime=runtime, **defaults),  # type: ignore[arg-type]
                       "/tmp/rsp-4242", "/home/u/.ray_slurm/c1", gpu_ids=("2", "3"),
-                      drain_timeout_s=5)
+                      drain_timeout_s=5, owner=1000)
 
 
 def render(runtime: str) -> str:
@@ -123,3 +123,17 @@ def test_the_container_docs_say_what_the_code_does_about_the_user() -> None:
     assert ContainerConfig().run_as_user is True
     assert "does not add `--user`" not in text
     assert "`container.run_as_user: true`, the default" in text
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_containers_carry_their_owner_and_the_sweep_lists_only_the_callers(runtime: str) -> None:
+    """Issue 13.1: the sweep listed containers by cluster name alone, so user A's job removed
+    user B's live worker of a cluster with the same name on a shared daemon."""
+    c = ctx(runtime)
+    assert c.owner == 1000
+    run = get_runtime(runtime).run(c, RAY, {})
+    assert run[run.index("ray-slurm.uid=1000") - 1] == "--label"
+    argv = get_runtime(runtime).list_cluster(c)
+    assert argv is not None
+    filters = [argv[i + 1] for i, a in enumerate(argv) if a == "--filter"]
+    assert filters == ["label=ray-slurm.cluster=c1", "label=ray-slurm.uid=1000"]
