@@ -108,6 +108,7 @@ def build_job(
         cluster_name=cluster_name,
         state_dir=pcfg.state_dir,
         ports_base=port_block(cluster_name, pcfg.ports.base).base,
+        ports_pinned=pcfg.ports.base is not None,
         start_commands=commands.start if kind == "worker" else [],
         resources=dict(resources),
         labels=dict(labels),

@@ -27,6 +27,7 @@ class NodeSpec:
     cluster_name: str
     state_dir: str
     ports_base: int
+    ports_pinned: bool = False  # provider.ports.base was set: the head never moves the block
     start_commands: list[str] = field(default_factory=list)
     resources: dict[str, int] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)

@@ -8,12 +8,13 @@ agent restarts Ray in place; `ray stop` (the `stop` file) stops only this job's 
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import threading
 import time
 
-from ray_slurm_provider import proc, shellcmd
+from ray_slurm_provider import ports, proc, shellcmd
 from ray_slurm_provider.agent.agent import Agent, Stopping, log
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import StartRequest, StartResult
@@ -42,6 +43,7 @@ def _wait_gcs_port_free(argv: list[str]) -> None:
 
 class HeadAgent(Agent):
     interrupted = False  # Ray stopped on request (or failed to start): wait for the next one
+    ports_picked = False  # the port block is chosen once, at Ray's first start
 
     def run(self) -> int:
         handled = ""
@@ -81,12 +83,26 @@ class HeadAgent(Agent):
                 return
             time.sleep(0.5)
 
+    def pick_ports(self) -> None:
+        """Before Ray's first start here: the cluster's block, or the next one when any of
+        its ports is taken on this node (a restart keeps the block it took)."""
+        if self.ports_picked:
+            return
+        first = ports.PortBlock(self.spec.ports_base)
+        block = ports.free_block(self.node_ip(), first, pinned=self.spec.ports_pinned,
+                                 can_bind=ports.can_bind)
+        if block != first:
+            log(f"a port of block {first.base} is taken on this node: using {block.base}")
+            self.spec = dataclasses.replace(self.spec, ports_base=block.base)
+        self.ports_picked = True
+
     def head_once(self, req: StartRequest) -> int:
         prog = shellcmd.Program(exports=dict(req.exports), before=list(req.before),
                                 prefix=req.prefix, ray_start=list(req.ray_start))
         try:
+            self.pick_ports()
             argv, env = self.build(prog, dict(req.env))
-            _wait_gcs_port_free(argv)
+            _wait_gcs_port_free(argv)  # a restart: our previous GCS may hold it a moment
             self.run_before(prog.before, env)
         except (RuntimeError, proc.CommandError, SlurmError) as e:
             log(f"head start failed: {e}")

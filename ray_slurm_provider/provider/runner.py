@@ -29,7 +29,6 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND, TAG_RAY_USER_
 from ray_slurm_provider import auth, proc, shellcmd
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.jobs import temp_dir
-from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.provider import handoff, transfer
 from ray_slurm_provider.provider.forward import forward_all
 from ray_slurm_provider.provider.handoff import runner_error
@@ -188,8 +187,8 @@ class SrunCommandRunner(CommandRunnerInterface):
             if not head:
                 self._fail("the head's Ray is not up, nothing to forward to", None,
                            str(port_forward), exit_on_fail)
-            ports = port_block(self.provider.cluster_name, self.provider.pcfg.ports.base)
-            fwd = forward_all(port_forward, head.ip, {DEFAULT_DASHBOARD_PORT: ports.dashboard})
+            # The dashboard port the head really took (its block may have moved: ports.py).
+            fwd = forward_all(port_forward, head.ip, {DEFAULT_DASHBOARD_PORT: head.dashboard_port})
             for f in fwd:
                 print(f"Forwarding 127.0.0.1:{f.local_port} -> {f.host}:{f.remote_port}")
         try:

@@ -331,3 +331,32 @@ def test_the_sweep_never_removes_the_container_of_a_completing_job(
     monkeypatch.setattr(a.container, "sweep", lambda active: swept.append(active()))
     a.prepare_container()
     assert swept == [{fake.jobs[draining].job.numeric_id}]
+
+
+def test_the_head_takes_the_next_block_when_a_port_of_its_own_is_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13.5: 800 hashed blocks collide once a few dozen clusters share a node, and only
+    the GCS port was checked (a taken dashboard port failed silently)."""
+    from ray_slurm_provider import ports
+
+    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"))
+    a = HeadAgent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
+    started: list[list[str]] = []
+
+    def start(argv: list[str], env: Any = None) -> FakeChild:
+        started.append(list(argv))
+        return FakeChild(["Ray runtime started.\n"], 0)
+
+    monkeypatch.setattr(proc, "start", start)
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
+    monkeypatch.setattr(ports, "can_bind", lambda host, port: port != 25001)  # dashboard
+    monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
+    monkeypatch.setattr(HeadAgent, "watch", lambda self, req_id: None)
+    written: list[Any] = []
+    monkeypatch.setattr(a.cdir, "write_head", written.append)
+    assert a.head_once(StartRequest(id="r1", ray_start=["ray", "start", "--head"])) == 0
+    (argv,) = started
+    assert "--port=25010" in argv and "--dashboard-port=25011" in argv
+    (head,) = written  # what workers, `ray-slurm env` and `ray up` read
+    assert (head.gcs_port, head.dashboard_port) == (25010, 25011)

@@ -228,3 +228,21 @@ def test_ray_stop_before_ray_start_never_runs_bare_in_rays_shell() -> None:
     p = shellcmd.parse("ulimit -n 4096; ray stop; ray start --address=h:1")
     assert p.ray_stop and "ray stop" not in p.prefix and p.prefix.startswith("ulimit -n 4096")
     assert shellcmd.parse("ray stop; ray start --address=h:1").prefix == ""
+
+
+# --- issue 13.5: every port of the block is checked; a taken block is skipped -----------------
+def test_a_block_with_any_port_taken_is_skipped_unless_pinned() -> None:
+    import pytest
+
+    from ray_slurm_provider.ports import PortBlock, free_block
+
+    first = PortBlock(24000)
+    taken = {24003}  # only the autoscaler metrics port: Ray would fail late, or silently
+    block = free_block("127.0.0.3", first, pinned=False,
+                       can_bind=lambda host, port: port not in taken)
+    assert block.base == 24010
+    assert free_block("127.0.0.3", first, pinned=False, can_bind=lambda h, p: True) == first
+    with pytest.raises(RuntimeError, match=r"24003 .*provider\.ports\.base"):
+        free_block("127.0.0.3", first, pinned=True, can_bind=lambda h, p: p not in taken)
+    last = PortBlock(31990)  # the search wraps around the range
+    assert free_block("h", last, pinned=False, can_bind=lambda h, p: p < 31990).base == 24000
