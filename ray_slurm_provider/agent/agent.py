@@ -64,6 +64,7 @@ class Agent:
         self.slurm = slurm_client(spec)
         self.child: Any = None  # `ray start --block`
         self.step: Any = None  # the setup command running now
+        self._ip: str | None = None
         self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
         # Set once the TERM has been acted on (the terminator thread); waits end on it.
@@ -82,7 +83,11 @@ class Agent:
 
     # --- plumbing -------------------------------------------------------------------------
     def node_ip(self) -> str:
-        return node_ip(self.env, self.spec.node_ip_interface, self.slurm, pause=self.pause)
+        """This node's address (asked once: it does not change while the job runs)."""
+        if self._ip is None:
+            self._ip = node_ip(self.env, self.spec.node_ip_interface, self.slurm,
+                               pause=self.pause)
+        return self._ip
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         """The TERM/INT handler: a flag and one byte to the terminator thread, nothing else
