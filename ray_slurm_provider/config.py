@@ -95,7 +95,8 @@ class ProviderConfig:
         None)
     temp_dir_root: str = doc(
         "Node-local directory under which each node gets a short Ray temp dir "
-        "(`<root>/rsp-<job id>`); keep it short, Unix socket paths are limited to ~107 bytes.",
+        "(`<root>/rsp-<uid>/<job id>`, the parent private to you); keep it short, Unix socket "
+        "paths are limited to ~107 bytes.",
         "/tmp")
     node_ip_interface: str | None = doc(
         "Take each node's Ray IP from this network interface (multi-NIC nodes) instead of "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -26,12 +27,20 @@ from ray_slurm_provider.units import MIB
 COMMENT_PREFIX = "ray-slurm:"
 #: Linux's limit on a Unix socket path (sun_path holds 108 bytes with the final NUL).
 SOCKET_PATH_MAX = 107
-#: Ray's longest socket path below a node's temp dir root, for a 10-digit job id:
-#: rsp-<job>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store.
-LONGEST_SOCKET_BELOW_ROOT = len("/rsp-1234567890/session_2026-01-01_00-00-00_000000_4194304"
-                                "/sockets/plasma_store")
-#: The longest `provider.temp_dir_root` that keeps every Ray socket path within the limit.
-TEMP_DIR_ROOT_MAX = SOCKET_PATH_MAX - LONGEST_SOCKET_BELOW_ROOT
+#: Ray's longest socket path below a job's own temp dir (a 10-digit job id and a 7-digit pid):
+#: /<job>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store.
+_LONGEST_BELOW_JOB = len("/1234567890/session_2026-01-01_00-00-00_000000_4194304"
+                         "/sockets/plasma_store")
+
+
+def longest_socket_below_root(uid: int | None = None) -> int:
+    """The longest Ray socket path below `provider.temp_dir_root` for this user."""
+    return len(f"/rsp-{os.getuid() if uid is None else uid}") + _LONGEST_BELOW_JOB
+
+
+def temp_dir_root_max(uid: int | None = None) -> int:
+    """The longest `provider.temp_dir_root` that keeps every Ray socket path in the limit."""
+    return SOCKET_PATH_MAX - longest_socket_below_root(uid)
 
 
 def job_name(cluster_name: str) -> str:
@@ -39,9 +48,11 @@ def job_name(cluster_name: str) -> str:
     return f"ray-{cluster_name}"
 
 
-def temp_dir(root: str, job_id: str) -> str:
-    """A node's Ray temp dir: short and per job (the numeric SLURM_JOB_ID), node-local."""
-    return f"{root.rstrip('/')}/rsp-{job_id}"
+def temp_dir(root: str, job_id: str, uid: int | None = None) -> str:
+    """A node's Ray temp dir: short, per job (the numeric SLURM_JOB_ID), node-local, below
+    the user's own private parent `<root>/rsp-<uid>` (Ray makes its own dirs 0777, so the
+    parent is what keeps other users of the node out; the agent creates and checks it)."""
+    return f"{root.rstrip('/')}/rsp-{os.getuid() if uid is None else uid}/{job_id}"
 
 
 def encode_tags(tags: Mapping[str, str]) -> str:

@@ -13,12 +13,15 @@ the cluster's jobs still run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
@@ -45,6 +48,25 @@ def slurm_client(spec: NodeSpec) -> SlurmClient:
     """The Slurm client of the cluster's `provider.slurm_api` (never talks to Slurm yet)."""
     return make_client(load(ProviderConfig, {"slurm_api": spec.slurm_api, "rest": spec.rest},
                             "provider"))
+
+
+def private_parent(temp: str) -> Path:
+    """Create (0700) or check the user's parent of `temp`: a directory of its own, owned by
+    this user, open to no one else. Ray makes the dirs below it 0777 (sockets included)."""
+    parent = Path(temp).parent
+    with contextlib.suppress(FileExistsError):
+        parent.mkdir(mode=0o700, parents=True)
+    st = parent.lstat()
+    fix = "remove it (it is not this job's), or set provider.temp_dir_root to another path"
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError(f"{parent} is not a directory of its own (a link or a file); {fix}")
+    if st.st_uid != os.getuid():
+        raise RuntimeError(f"{parent} is owned by uid {st.st_uid}, not by you "
+                           f"(uid {os.getuid()}): another user made it; {fix}")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise RuntimeError(f"{parent} has mode {stat.S_IMODE(st.st_mode):o}: other users can "
+                           f"reach Ray's sockets below it; run `chmod 700 {parent}`")
+    return parent
 
 
 class Stopping(RuntimeError):
@@ -254,6 +276,7 @@ class Agent:
                                         job_id=self.job_id))
         try:
             try:
+                private_parent(self.temp_dir)
                 self.prepare_container()
             except RuntimeError as e:
                 log(f"ERROR: {e}; the job ends")

@@ -23,7 +23,7 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 from ray_slurm_provider import auth, proc
 from ray_slurm_provider.cli.common import Cluster, Finding, Level, load_cluster, report, run_command
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.jobs import LONGEST_SOCKET_BELOW_ROOT, SOCKET_PATH_MAX, decode_tags
+from ray_slurm_provider.jobs import SOCKET_PATH_MAX, decode_tags, longest_socket_below_root
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.provider.bootstrap import validate
 from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
@@ -143,7 +143,7 @@ def files_findings(cluster: Cluster) -> list[Finding]:
     except proc.CommandError as e:
         out.append(Finding("fail", "node agent Python", f"{python}: {e}",
                            "set provider.python to a Python with both installed"))
-    longest = len(cluster.pcfg.temp_dir_root.rstrip("/")) + LONGEST_SOCKET_BELOW_ROOT
+    longest = len(cluster.pcfg.temp_dir_root.rstrip("/")) + longest_socket_below_root()
     out.append(Finding("warn" if longest > SOCKET_PATH_MAX else "ok", "Ray temp dir",
                        f"socket paths up to {longest} bytes (limit {SOCKET_PATH_MAX})",
                        "set provider.temp_dir_root to a shorter path, e.g. /tmp"))

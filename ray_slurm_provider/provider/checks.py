@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from ray_slurm_provider.cluster import ClusterConfig
 from ray_slurm_provider.config import ConfigError, NodeConfig
-from ray_slurm_provider.jobs import TEMP_DIR_ROOT_MAX, build_job
+from ray_slurm_provider.jobs import build_job, temp_dir_root_max
 from ray_slurm_provider.slurm.client import ClusterInfo, Partition
 from ray_slurm_provider.slurm.script import ScriptError, validate
 from ray_slurm_provider.units import TIME_FORMS, fmt_duration, mem_mb, parse_duration
@@ -62,10 +62,10 @@ def check_static(cluster: ClusterConfig) -> None:
     """Checks that need no Slurm: formats, lead time, and every job's fields as the batch
     script renderer would check them."""
     pcfg = cluster.provider
-    if len(pcfg.temp_dir_root.rstrip("/")) > TEMP_DIR_ROOT_MAX:
+    if len(pcfg.temp_dir_root.rstrip("/")) > temp_dir_root_max():
         raise ConfigError(
             f"provider.temp_dir_root: {pcfg.temp_dir_root!r} is longer than "
-            f"{TEMP_DIR_ROOT_MAX} characters; Ray's Unix socket paths below it would pass "
+            f"{temp_dir_root_max()} characters; Ray's Unix socket paths below it would pass "
             "Linux's 107-byte limit (valid: a short node-local path such as /tmp)")
     for t, nt in cluster.node_types.items():
         ncfg, nc = nt.node_config, f"available_node_types.{t}.node_config"

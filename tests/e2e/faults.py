@@ -20,7 +20,7 @@ from typing import Any
 
 from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 
-from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.jobs import decode_tags, temp_dir
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.parse import parse_kv_line
@@ -72,8 +72,8 @@ def gone(job_id: str) -> bool:
 
 
 def raylet_pid(job_id: str) -> int:  # the numeric id (Job.numeric_id)
-    """The raylet of exactly this job (its temp dir is /tmp/rsp-<job id>)."""
-    (pid,) = [p for p in pids_with("raylet/raylet", f"/rsp-{job_id}/")
+    """The raylet of exactly this job (its temp dir is jobs.temp_dir's)."""
+    (pid,) = [p for p in pids_with("raylet/raylet", temp_dir("/tmp", job_id) + "/")
               if Path(f"/proc/{p}/exe").resolve().name == "raylet"]
     return pid
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ray_slurm_provider.jobs import temp_dir
 from tests.e2e import procfs
 from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
 
@@ -44,7 +45,8 @@ def cluster(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def ray_pids_of(job_ids: list[str]) -> list[int]:
     """PIDs of processes that belong to these jobs' Ray (their temp dirs are named after the
     job id)."""
-    return [pid for pid, cmd in procfs.cmdlines() if any(f"rsp-{j}" in cmd for j in job_ids)]
+    dirs = [temp_dir("/tmp", j) + "/" for j in job_ids]
+    return [pid for pid, cmd in procfs.cmdlines() if any(d in cmd for d in dirs)]
 
 
 def test_head_is_a_running_slurm_job(cluster: RayCluster) -> None:

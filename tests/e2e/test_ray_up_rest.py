@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from ray_slurm_provider.cli import main as cli
+from ray_slurm_provider.jobs import temp_dir
 from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -55,7 +56,7 @@ def test_scale_up_through_slurmrestd(cluster: RayCluster,
     workers = [j for j, _ in cluster.jobs() if j != head]
     assert workers
     # The head's autoscaler negotiated slurmrestd's API (its provider logs to monitor.*).
-    logs = Path("/tmp") / f"rsp-{head}" / "session_latest" / "logs"
+    logs = Path(temp_dir("/tmp", head)) / "session_latest" / "logs"
     text = "".join(p.read_text(errors="replace") for p in logs.glob("monitor*"))
     assert "speaks v0.0.38" in text
     capsys.readouterr()

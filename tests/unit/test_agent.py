@@ -360,3 +360,38 @@ def test_the_head_takes_the_next_block_when_a_port_of_its_own_is_taken(
     assert "--port=25010" in argv and "--dashboard-port=25011" in argv
     (head,) = written  # what workers, `ray-slurm env` and `ray up` read
     assert (head.gcs_port, head.dashboard_port) == (25010, 25011)
+
+
+# --- issue 13.2: Ray's temp dirs live in a private parent -------------------------------------
+def test_the_temp_dir_parent_is_private_and_refused_when_it_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray 2.60 makes its temp, session and sockets dirs 0777 without the sticky bit, and
+    `/tmp/rsp-<job>` was predictable: another user could pre-create it or rebind Ray's
+    sockets. Each user's jobs now live under `<root>/rsp-<uid>/`, 0700, checked."""
+    import os
+    import stat
+
+    from ray_slurm_provider.agent.agent import private_parent
+    from ray_slurm_provider.jobs import temp_dir
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    uid = os.getuid()
+    assert temp_dir(str(root), "15") == f"{root}/rsp-{uid}/15"
+    parent = private_parent(temp_dir(str(root), "15"))
+    assert parent == root / f"rsp-{uid}"
+    st = parent.lstat()
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == uid
+    assert private_parent(temp_dir(str(root), "16")) == parent  # taken again as it is
+    parent.chmod(0o777)  # someone widened it (or made it: the next check)
+    with pytest.raises(RuntimeError, match=rf"{parent} .*mode 777.*chmod 700"):
+        private_parent(temp_dir(str(root), "17"))
+    parent.chmod(0o700)
+    monkeypatch.setattr(os, "getuid", lambda: uid + 4242)  # as if another user made it
+    with pytest.raises(RuntimeError, match=rf"{parent} is owned by uid {uid}"):
+        private_parent(f"{parent}/18")
+    monkeypatch.undo()
+    parent.rmdir()
+    parent.symlink_to(tmp_path)  # a link planted where the dir should be
+    with pytest.raises(RuntimeError, match="not a directory of its own"):
+        private_parent(temp_dir(str(root), "19"))

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.jobs import TEMP_DIR_ROOT_MAX
+from ray_slurm_provider.jobs import temp_dir_root_max
 from ray_slurm_provider.provider.bootstrap import validate
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import Node
@@ -96,7 +96,7 @@ def test_bad_values_name_path_value_and_choices(node_config: dict[str, Any],
 
 def test_provider_values() -> None:
     with pytest.raises(ConfigError, match=rf"provider\.temp_dir_root: '/{'x' * 40}' is longer "
-                       rf"than {TEMP_DIR_ROOT_MAX} characters"):
+                       rf"than {temp_dir_root_max()} characters"):
         validate(cfg(temp_dir_root="/" + "x" * 40))
     with pytest.raises(ConfigError, match=r"provider\.state_dir: invalid value '/my dir/c1/logs"):
         validate(cfg(state_dir="/my dir"))

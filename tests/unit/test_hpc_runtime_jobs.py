@@ -19,7 +19,7 @@ import pytest
 from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import NodeCommands, NodeType
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
-from ray_slurm_provider.jobs import build_job
+from ray_slurm_provider.jobs import build_job, temp_dir
 from ray_slurm_provider.schema import load
 from ray_slurm_provider.slurm.script import render
 from ray_slurm_provider.state import ClusterDir, HeadInfo
@@ -83,7 +83,8 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
     assert any(a.startswith("--node-ip-address=127.0.0.") for a in ray)
     assert "--block" in ray
     joined = " ".join(argv)
-    assert "/data:/data" in joined and "/tmp/rsp-900:/tmp/rsp-900" in joined
+    tmp = temp_dir('/tmp', '900')
+    assert "/data:/data" in joined and f"{tmp}:{tmp}" in joined
     if runtime == "apptainer":
         assert argv[:2] == ["apptainer", "exec"] and "--nv" in argv and str(image) in argv
     elif runtime == "enroot":

@@ -7,6 +7,7 @@ with `proc.run` replaced, and the provider, agent and runner against FakeSlurm.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +205,8 @@ def test_agent_node_id_from_slurm_environment(tmp_path: Path) -> None:
                     ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
     a = WorkerAgent(spec, {**env, "HOME": str(tmp_path)})
     assert a.ndir == a.cdir.node("11_3")  # what the provider lists
-    assert a.job_id == "15" and a.temp_dir.endswith("/rsp-15")  # numeric, as containers
+    # numeric, as containers name it
+    assert a.job_id == "15" and a.temp_dir.endswith(f"/rsp-{os.getuid()}/15")
 
 
 def test_runner_sruns_into_the_task_by_its_numeric_id(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ runs at all (a bare `ray stop`)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,7 @@ def test_runner_works_on_its_view_alone(tmp_path: Path,
     argv = r.srun_argv("true", in_container=True)
     assert argv[1] == "--jobid=12" and "rsp-c1-12" in argv  # the container of job 12
     container = r.container()
-    assert container is not None and container[1].temp_dir == "/t/rsp-12"
+    assert container is not None and container[1].temp_dir == f"/t/rsp-{os.getuid()}/12"
     monkeypatch.setattr(proc, "run_attached", lambda argv, **kw: 0)
     r.run("ray stop; sudo shutdown -h now")
     assert view.terminated == ["7_1"]
@@ -233,7 +234,8 @@ def test_the_closing_hints_name_the_real_config_and_log_locations(
     assert "CLUSTER.yaml" not in out
     assert f"eval \"$(ray-slurm env '{config}')\"" in out
     assert f"ray-slurm logs '{config}' head" in out
-    assert f"/rsp-{r.node_id}/session_latest/logs" in out and "/tmp/ray/" not in out
+    assert f"/rsp-{os.getuid()}/{r.node_id}/session_latest/logs" in out
+    assert "/tmp/ray/" not in out
 
 
 def test_ray_up_waits_for_a_queued_head_as_long_as_asked_then_cancels_it(
