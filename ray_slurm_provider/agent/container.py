@@ -150,8 +150,8 @@ class NodeContainer:
         if argv is None:
             return
         res = self._run(argv, timeout=60)
-        rows = [line.split() for line in res.stdout.splitlines() if line.strip()]
-        others = [r for r in rows if len(r) == 2 and r[1] != self.ctx.job_id]
+        rows = self.rt.parse_listing(self.ctx, res.stdout)
+        others = [r for r in rows if r[1] != self.ctx.job_id]
         if not others:
             return
         alive = active_job_ids()

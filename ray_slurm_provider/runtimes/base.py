@@ -84,6 +84,11 @@ class Runtime:
     def remove_names(self, ctx: RunContext, names: Sequence[str]) -> list[str] | None:
         return None
 
+    def parse_listing(self, ctx: RunContext, stdout: str) -> list[tuple[str, str]]:
+        """(container name, job id) from `list_cluster`'s output (`<name> <job id>` rows)."""
+        rows = [line.split() for line in stdout.splitlines()]
+        return [(r[0], r[1]) for r in rows if len(r) == 2]
+
     def step_options(self, ctx: RunContext) -> list[str]:
         """Extra `srun` options for a step that must run inside the container (pyxis)."""
         return []

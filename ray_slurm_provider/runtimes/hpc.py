@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ray_slurm_provider.runtimes.base import RunContext, Runtime
+from ray_slurm_provider.runtimes.base import RunContext, Runtime, container_name
 
 
 class Apptainer(Runtime):
@@ -65,6 +65,20 @@ class Enroot(Runtime):
 
     def remove(self, ctx: RunContext) -> list[str] | None:
         return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "remove", "--force", ctx.name]
+
+    # Enroot keeps container roots per user (ENROOT_DATA_PATH): `list` shows only the caller's.
+    def list_cluster(self, ctx: RunContext) -> list[str] | None:
+        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "list"]
+
+    def remove_names(self, ctx: RunContext, names: Sequence[str]) -> list[str] | None:
+        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "remove", "--force", *names] \
+            if names else None
+
+    def parse_listing(self, ctx: RunContext, stdout: str) -> list[tuple[str, str]]:
+        """Names only: this cluster's are `rsp-<cluster>-<job id>` (container_name)."""
+        prefix = container_name(ctx.cluster_name, "")
+        return [(n, n[len(prefix):]) for n in stdout.split()
+                if n.startswith(prefix) and n[len(prefix):].isdigit()]
 
 
 class Pyxis(Runtime):

@@ -137,3 +137,27 @@ def test_containers_carry_their_owner_and_the_sweep_lists_only_the_callers(runti
     assert argv is not None
     filters = [argv[i + 1] for i, a in enumerate(argv) if a == "--filter"]
     assert filters == ["label=ray-slurm.cluster=c1", "label=ray-slurm.uid=1000"]
+
+
+def test_enroot_roots_of_ended_jobs_are_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13.6: every job runs `enroot create`; a SIGKILLed job left its root filesystem
+    behind forever. The next job of the cluster on the node removes those of the user's
+    (enroot keeps them per user) ended jobs, never a live or completing one's."""
+    from ray_slurm_provider import proc
+    from ray_slurm_provider.agent.container import NodeContainer
+
+    c = NodeContainer.from_spec({"runtime": "enroot", "image": "/shared/ray.sqsh"},
+                                cluster_name="c1", job_id="900", temp_dir="/tmp/t",
+                                cluster_dir="/tmp/c", env={}, drain_timeout_s=5, head=False,
+                                env_names=[], log=lambda m: None)
+    assert c is not None
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **kw: object) -> proc.Result:
+        calls.append(list(argv))
+        listing = "rsp-c1-900\nrsp-c1-777\nrsp-c1-778\nrsp-other-555\nmy-own-image\n"
+        return proc.Result(argv, 0, listing if argv[-1] == "list" else "", "")
+
+    monkeypatch.setattr(proc, "run", run)
+    c.sweep(lambda: {"778"})  # 778 still runs (or completes); 900 is this job
+    assert calls == [["enroot", "list"], ["enroot", "remove", "--force", "rsp-c1-777"]]
