@@ -143,8 +143,8 @@ def test_a_spec_from_before_the_client_choice_uses_the_cli(tmp_path: Path) -> No
     assert isinstance(slurm_client(spec), CliSlurmClient)
 
 
-def test_node_address_and_container_sweep_ask_the_agents_client(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def docker_worker(tmp_path: Path) -> tuple[WorkerAgent, FakeSlurm]:
+    """A worker with a docker container whose agent asks a FakeSlurm."""
     spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, temp_dir_root=str(tmp_path / "tmp"),
                     container={"runtime": "docker", "image": "img"})
@@ -152,6 +152,12 @@ def test_node_address_and_container_sweep_ask_the_agents_client(
                            "HOME": str(tmp_path)})
     fake = FakeSlurm()
     a.slurm = fake
+    return a, fake
+
+
+def test_node_address_and_container_sweep_ask_the_agents_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, fake = docker_worker(tmp_path)
     assert a.node_ip() == fake.nodes["n1"].addr
     other = fake.submit(JobSpec("ray-c1", ["true"]))
     assert a.container is not None
@@ -315,13 +321,7 @@ def test_the_sweep_never_removes_the_container_of_a_completing_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 13.1: a job still COMPLETING (draining) is not active, and its container was
     removed by the next job's sweep on that node."""
-    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
-                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"),
-                    container={"runtime": "docker", "image": "img"})
-    a = WorkerAgent(spec, {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1",
-                           "HOME": str(tmp_path)})
-    fake = FakeSlurm()
-    a.slurm = fake
+    a, fake = docker_worker(tmp_path)
     draining = fake.submit(JobSpec("ray-c1", ["true"]))
     fake.start(draining)
     fake.set_state(draining, "COMPLETING")
