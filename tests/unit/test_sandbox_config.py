@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +22,14 @@ from ray_slurm_provider.sandbox.config import (
     render_slurm_conf,
 )
 from ray_slurm_provider.sandbox.layout import Layout
-from ray_slurm_provider.sandbox.procs import OWNER_ENV, Entry, Registry, exists, is_ours
+from ray_slurm_provider.sandbox.procs import (
+    OWNER_ENV,
+    Entry,
+    Registry,
+    exists,
+    is_ours,
+    owned_processes,
+)
 
 ROOT = "/tmp/rsp-unit"
 
@@ -266,3 +274,35 @@ def test_cli_status_without_a_sandbox(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["sandbox", "status", "--state-dir", str(tmp_path)]) == 1
     assert "no sandbox at" in capsys.readouterr().out
     assert main(["sandbox", "down", "--state-dir", os.path.join(str(tmp_path), "none")]) == 0
+
+
+FORKS_ON_TERM = [sys.executable, "-c",
+                 "import os, signal, subprocess, sys, time\n"
+                 "def bye(*_):\n"
+                 "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+                 "                     start_new_session=True)\n"
+                 "    time.sleep(0.3)\n"
+                 "    sys.exit(0)\n"
+                 "signal.signal(signal.SIGTERM, bye)\n"
+                 "print('ready', flush=True)\n"
+                 "time.sleep(120)\n"]
+
+
+def test_down_returns_only_when_what_stopping_processes_forked_is_gone(tmp_path: Path) -> None:
+    """Issue 14.20: `sandbox down` said "down" while processes were still exiting: a stray
+    that forks while it stops (as a slurmstepd does) left a child behind the first sweep."""
+    state = os.path.join(str(tmp_path), "sb")
+    os.makedirs(state)
+    with open(os.path.join(state, "sandbox.json"), "w") as f:
+        f.write(SandboxSpec(nodes=1).to_json())
+    env = {**os.environ, OWNER_ENV: state}
+    stray = subprocess.Popen(FORKS_ON_TERM, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert stray.stdout is not None and stray.stdout.readline() == "ready\n"  # handler set
+        Sandbox(state, nodes=1).down()
+        assert owned_processes(state) == []  # nothing of the sandbox runs once `down` returns
+    finally:
+        for pid in owned_processes(state):
+            os.kill(pid, 9)
+        stray.kill()
+        stray.wait()
