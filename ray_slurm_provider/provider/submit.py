@@ -101,9 +101,12 @@ class LaunchGuard:
         with self._lock:
             err = self._errors.get(node_type)
             now = self._clock()
-            if err is not None and now < err.retry_after:
-                err.held_back += 1
-                raise HeldBack(node_type, err, now)
+            if err is None or now >= err.retry_after:
+                return
+            err.held_back += 1
+            snapshot = err.view()
+        self._write(node_type, snapshot)  # `ray-slurm status` shows the refusals as they come
+        raise HeldBack(node_type, err, now)
 
     def failed(self, node_type: str, message: str, kind: str) -> float:
         """Record a failure; return how long the type is now held back."""

@@ -253,3 +253,16 @@ def test_a_pending_worker_we_cancelled_is_no_crash(tmp_path: Path) -> None:
         p.non_terminated_nodes({})
     assert "cpu_worker" not in (errors(p) if (p.cluster_dir.root / "errors.json").exists()
                                 else {})
+
+
+def test_errors_json_counts_each_launch_refused_locally(tmp_path: Path) -> None:
+    """`ray-slurm status` and the hardening e2e read errors.json: the count of launches the
+    guard refused must be there while the type is held back, not only after the next
+    failure (it stayed 0 for the whole first back-off)."""
+    clock = FakeClock()
+    g = LaunchGuard(tmp_path / "errors.json", clock)
+    g.failed("w", "sbatch: error: bad", "rejected")
+    for _ in range(3):
+        with pytest.raises(HeldBack):
+            g.check("w")
+    assert json.loads((tmp_path / "errors.json").read_text())["w"]["held_back"] == 3
