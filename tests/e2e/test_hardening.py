@@ -315,21 +315,23 @@ def test_term_during_setup_ends_the_job_without_ray(cluster: RayCluster) -> None
         return [j for j in workers(cluster, "slow_worker") if j.running]
 
     try:
-        (job,) = wait_for(in_setup, 300, "a slow_worker running its setup command")[:1]
-    finally:
-        d.stop()
-    time.sleep(3)  # well inside `sleep 600`
-    assert not cluster.cdir.node(job.job_id).agent_up()
-    t0 = time.time()
-    subprocess.run(["scancel", job.job_id], check=True, timeout=30)
-    wait_for(lambda: gone(job.job_id), 60, "the cancelled job to end", every=0.5)
-    ended = time.time() - t0
-    assert not cluster.cdir.node(job.job_id).agent_up()  # the agent never ran
-    assert "Ray runtime started" not in _log(cluster, job.job_id)
-    assert ended < 30, ended  # not Slurm's KillWait and SIGKILL
-    FIGURES["TERM during setup"] = {"job ended s": round(ended, 1)}
-    for j in workers(cluster, "slow_worker"):  # a replacement the demand may have launched
-        subprocess.run(["scancel", j.job_id], check=False, timeout=30)
+        try:
+            (job,) = wait_for(in_setup, 300, "a slow_worker running its setup command")[:1]
+        finally:
+            d.stop()
+        time.sleep(3)  # well inside `sleep 600`
+        assert not cluster.cdir.node(job.job_id).agent_up()
+        t0 = time.time()
+        subprocess.run(["scancel", job.job_id], check=True, timeout=30)
+        wait_for(lambda: gone(job.job_id), 60, "the cancelled job to end", every=0.5)
+        ended = time.time() - t0
+        assert not cluster.cdir.node(job.job_id).agent_up()  # the agent never ran
+        assert "Ray runtime started" not in _log(cluster, job.job_id)
+        assert ended < 30, ended  # not Slurm's KillWait and SIGKILL
+        FIGURES["TERM during setup"] = {"job ended s": round(ended, 1)}
+    finally:  # never leave a job in `sleep 600` to the later tests (no agent watches it)
+        for j in workers(cluster, "slow_worker"):
+            subprocess.run(["scancel", j.job_id], check=False, timeout=30)
 
 
 def _log(cluster: RayCluster, job_id: str) -> str:
