@@ -292,9 +292,14 @@ def test_rejected_node_type_backs_off_and_shows_why(cluster: RayCluster) -> None
 def test_a_type_whose_jobs_die_at_start_is_held_back(cluster: RayCluster) -> None:
     """Issue 14.1: jobs that fail in their prologue go PENDING -> gone between two listings;
     they used to be resubmitted every tick for as long as the demand lasted."""
+    def two_crashes() -> dict[str, Any]:  # the first is free, the second holds the type
+        entry = json.loads((cluster.cdir.root / "errors.json").read_text()).get("crash_worker")
+        return dict(entry) if entry and entry["failures"] >= 2 else {}
+
+    crash = wait_for(two_crashes, 300, "a second crash of crash_worker")
+    wait_for(lambda: two_crashes().get("held_back", 0) >= 1, 120, "a launch held back")
+    crash = two_crashes()
     elapsed = time.time() - STATE["bad_since"]
-    errors = json.loads((cluster.cdir.root / "errors.json").read_text())
-    crash = errors["crash_worker"]
     assert crash["kind"] == "crashed" and "module: command not found" in crash["message"], crash
     # One such job is bad luck (free), then 60 s doubling: never one sbatch per tick.
     assert 2 <= crash["failures"] <= 3 + math.log2(elapsed / 60 + 1), (crash, elapsed)

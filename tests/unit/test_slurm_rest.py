@@ -464,3 +464,23 @@ def test_plain_http_to_another_host_is_warned_about(caplog: pytest.LogCaptureFix
     assert rest_http.cleartext_warning("https://rest.example.org:6820") is None
     warning = rest_http.cleartext_warning("http://rest.example.org:6820")
     assert warning is not None and "in clear text" in warning and "https://" in warning
+
+
+def test_the_session_keeps_the_socket_errors_that_classify_no_answer() -> None:
+    """requests wraps a refused connection in its own errors ("Max retries exceeded ..."):
+    the transport hands on the socket error, so a dead slurmrestd is still "connection
+    refused" (transient) and an unknown host still a permanent config error."""
+    import socket as socket_mod
+
+    from ray_slurm_provider.slurm.rest import http as rest_http
+
+    with socket_mod.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    send = rest_http.session_send()
+    with pytest.raises(TransientSlurmError, match="connection refused"):
+        rest_http.request(send, rest_http.HttpRequest("GET", f"http://127.0.0.1:{port}/x"),
+                          "listing jobs")
+    with pytest.raises(PermanentSlurmError, match="cannot resolve the host"):
+        rest_http.request(send, rest_http.HttpRequest("GET", "http://no-such-host.invalid/x"),
+                          "listing jobs")

@@ -86,10 +86,27 @@ def session_send(*, proxy: str | None = None, ca_file: str | None = None) -> Sen
         except requests.Timeout as e:
             raise TimeoutError(str(e)) from e
         except requests.RequestException as e:
-            raise ConnectionError(str(e)) from e
+            raise (_socket_error(e) or ConnectionError(str(e))) from e
         return HttpResponse(int(r.status_code), bytes(r.content))
 
     return send
+
+
+def _socket_error(e: BaseException) -> OSError | None:
+    """The socket error under requests' and urllib3's wrappers (a refused connection, an
+    unknown host): what `request` classifies by."""
+    todo, seen = [e], set()
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, socket.gaierror | ConnectionRefusedError | ConnectionResetError):
+            return x
+        todo += [c for c in (x.__cause__, x.__context__, getattr(x, "reason", None))
+                 if isinstance(c, BaseException)]
+        todo += [a for a in x.args if isinstance(a, BaseException)]
+    return None
 
 
 def cleartext_warning(url: str) -> str | None:
