@@ -133,8 +133,9 @@ class SlurmNodeProvider(NodeProvider):
         nodes, strays = snap.nodes, snap.strays
         with self._lock:
             keep_created(nodes, self._nodes, self._born, self._gone, listing)
-            listed = {j.job_id for j in jobs}
-            self._gone = {i: t for i, t in self._gone.items() if i in listed}
+            if self._gone:  # forget a cancelled job once Slurm no longer lists it
+                listed = {j.job_id for j in jobs}
+                self._gone = {i: t for i, t in self._gone.items() if i in listed}
             before, self._nodes = self._nodes, nodes
             ids = [i for i, r in nodes.items()
                    if all(r.tags.get(k) == v for k, v in tag_filters.items())
