@@ -297,7 +297,9 @@ def test_a_type_whose_jobs_die_at_start_is_held_back(cluster: RayCluster) -> Non
         return dict(entry) if entry and entry["failures"] >= 2 else {}
 
     crash = wait_for(two_crashes, 300, "a second crash of crash_worker")
-    wait_for(lambda: two_crashes().get("held_back", 0) >= 1, 120, "a launch held back")
+    # Ray v2 relaunches a type whose node vanished about once a minute (measured here), and
+    # the second crash holds the type back for 60 s: the refusal may only come after a third.
+    wait_for(lambda: two_crashes().get("held_back", 0) >= 1, 400, "a launch held back")
     crash = two_crashes()
     elapsed = time.time() - STATE["bad_since"]
     assert crash["kind"] == "crashed" and "module: command not found" in crash["message"], crash
