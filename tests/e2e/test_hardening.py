@@ -297,7 +297,7 @@ def test_a_type_whose_jobs_die_at_start_is_held_back(cluster: RayCluster) -> Non
         return dict(entry) if entry and entry["failures"] >= 2 else {}
 
     crash = wait_for(two_crashes, 300, "a second crash of crash_worker")
-    # Ray v2 relaunches a type whose node vanished about once a minute (measured here), and
+    # Ray v2 relaunched a type whose node vanished about a minute later on the sandbox, and
     # the second crash holds the type back for 60 s: the refusal may only come after a third.
     wait_for(lambda: two_crashes().get("held_back", 0) >= 1, 400, "a launch held back")
     crash = two_crashes()
