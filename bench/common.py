@@ -348,7 +348,9 @@ def machine() -> dict[str, Any]:
         if line.startswith("model name"):
             model = line.split(":", 1)[1].strip()
             break
-    slurm = run(["sinfo", "--version"], timeout=30, check=False).stdout.strip()
+    # P4 needs no sandbox: then there is no Slurm release to record.
+    slurm = run(["sinfo", "--version"], timeout=30, check=False).stdout.strip() \
+        if (SANDBOX_DIR / "env.sh").exists() else "(no sandbox)"
     return {"nproc": os.cpu_count(), "cpu": model, "mem_total_mb": mem_kb // 1024,
             "mem_available_mb": mem_available_mb(), "kernel": platform.release(),
             "loadavg": os.getloadavg(), "slurm": slurm, "ray": ray.__version__,
