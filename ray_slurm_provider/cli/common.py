@@ -111,6 +111,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
+def config_command(sub: Any, name: str, help: str, func: Callable[[Any], int]) -> Any:
+    """A `ray-slurm NAME CONFIG ...` subcommand; returns its parser for more arguments."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("config", help="cluster YAML")
+    p.set_defaults(func=func)
+    return p
+
+
 def run_command(fn: Callable[[], int]) -> int:
     """Run a command body; CliError becomes one line on stderr and exit code 2."""
     try:

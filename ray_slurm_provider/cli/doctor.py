@@ -21,7 +21,15 @@ from typing import Any
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
 from ray_slurm_provider import auth, proc
-from ray_slurm_provider.cli.common import Cluster, Finding, Level, load_cluster, report, run_command
+from ray_slurm_provider.cli.common import (
+    Cluster,
+    Finding,
+    Level,
+    config_command,
+    load_cluster,
+    report,
+    run_command,
+)
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import SOCKET_PATH_MAX, decode_tags, longest_socket_below_root
 from ray_slurm_provider.ports import port_block
@@ -210,7 +218,5 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("doctor", help="check Slurm access, token, files and ports; say how "
-                       "to fix each problem")
-    p.add_argument("config", help="cluster YAML")
-    p.set_defaults(func=cmd_doctor)
+    config_command(sub, "doctor", "check Slurm access, token, files and ports; say how to "
+                   "fix each problem", cmd_doctor)

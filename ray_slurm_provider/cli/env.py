@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from ray_slurm_provider import auth
-from ray_slurm_provider.cli.common import CliError, load_cluster, run_command
+from ray_slurm_provider.cli.common import CliError, config_command, load_cluster, run_command
 
 
 def env_lines(path: str) -> list[str]:
@@ -44,6 +44,4 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("env", help="print the exports that point Ray's tools at a cluster")
-    p.add_argument("config", help="cluster YAML")
-    p.set_defaults(func=cmd_env)
+    config_command(sub, "env", "print the exports that point Ray's tools at a cluster", cmd_env)

@@ -15,7 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ray_slurm_provider.cli.common import CliError, Cluster, load_cluster, run_command, table
+from ray_slurm_provider.cli.common import (
+    CliError,
+    Cluster,
+    config_command,
+    load_cluster,
+    run_command,
+    table,
+)
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.provider.runs import last_head
 from ray_slurm_provider.slurm.client import JOB_ID_RE
@@ -107,9 +114,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("logs", help="a node's job log (or the list of logs)")
-    p.add_argument("config", help="cluster YAML")
+    p = config_command(sub, "logs", "a node's job log (or the list of logs)", cmd_logs)
     p.add_argument("job", nargs="?", help="Slurm job id, or `head`; omit to list the logs")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.add_argument("--lines", "-n", type=int, default=0, help="only the last N lines")
-    p.set_defaults(func=cmd_logs)

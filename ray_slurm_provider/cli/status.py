@@ -16,6 +16,7 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_
 from ray_slurm_provider.cli.common import (
     CliError,
     Cluster,
+    config_command,
     load_cluster,
     run_command,
     table,
@@ -125,7 +126,5 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("status", help="table of the cluster's nodes (one Slurm query)")
-    p.add_argument("config", help="cluster YAML")
+    p = config_command(sub, "status", "table of the cluster's nodes (one Slurm query)", cmd_status)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_status)

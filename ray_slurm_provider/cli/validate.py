@@ -21,6 +21,7 @@ from ray_slurm_provider.cli.common import (
     CliError,
     Cluster,
     Finding,
+    config_command,
     load_cluster,
     report,
     run_command,
@@ -117,11 +118,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a cluster config against the model and Slurm")
-    p.add_argument("config", help="cluster YAML")
+    p = config_command(sub, "validate", "check a cluster config against the model and Slurm",
+                       cmd_validate)
     p.add_argument("--offline", action="store_true", help="skip the checks that ask Slurm")
-    p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("render", help="print every batch script the cluster would submit")
-    p.add_argument("config", help="cluster YAML")
+    p = config_command(sub, "render", "print every batch script the cluster would submit",
+                       cmd_render)
     p.add_argument("--node-type", help="only this node type")
-    p.set_defaults(func=cmd_render)
