@@ -24,7 +24,8 @@ else
   trap 'echo "== sandbox down"; ray-slurm sandbox down' EXIT
   # --install: apt-get what the suites need and is missing (Slurm, munge, docker, podman),
   # so this command works on a fresh machine as it does under .ci/run.
-  ray-slurm sandbox up --install --docker --port-offset "${RAY_SLURM_SANDBOX_PORT_OFFSET:-0}"
+  # --users 2: two throwaway Unix users for the shared-cluster tests (tests/e2e/test_two_users.py).
+  ray-slurm sandbox up --install --docker --users 2 --port-offset "${RAY_SLURM_SANDBOX_PORT_OFFSET:-0}"
 fi
 # shellcheck disable=SC1091
 source "$RAY_SLURM_SANDBOX_DIR/env.sh"

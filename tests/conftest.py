@@ -94,7 +94,7 @@ def _shared_sandbox(state_dir: str) -> Sandbox | None:
 
 def _start_sandbox(state_dir: str) -> Sandbox:
     sb = Sandbox(state_dir, nodes=3, gpus_per_node=2,
-                 docker=shutil.which("dockerd") is not None,
+                 docker=shutil.which("dockerd") is not None, users=2,
                  port_offset=int(os.environ.get(PORT_OFFSET_ENV, "0")))
     try:
         sb.up()

@@ -32,6 +32,10 @@ def register(sub: Any) -> None:
                     help="RealMemory per node in MB (default 4000)")
     up.add_argument("--docker", action="store_true",
                     help="also start a private dockerd (DOCKER_HOST) and a container Epilog")
+    up.add_argument("--users", type=int, default=0, metavar="N",
+                    help="also create N throwaway Unix users (rsp-u1..) with homes under the "
+                    "state dir, who submit through the sandbox's munge and, with --docker, "
+                    "use its dockerd through the group rsp-sbx; `down` deletes them")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -82,7 +86,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         sb = Sandbox(args.state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                      cpus_per_node=args.cpus_per_node,
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
-                     port_offset=args.port_offset)
+                     port_offset=args.port_offset, users=args.users)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:
@@ -93,6 +97,9 @@ def cmd_up(args: argparse.Namespace) -> int:
           f"{config.hostlist(spec.nodes)} on 127.0.0.2..{last}, {spec.cpus_per_node} CPUs, "
           f"{spec.memory_mb_per_node} MB, {spec.gpus_per_node} fake GPU(s) each; "
           f"state in {sb.state_dir}")
+    for user in sb.users():
+        print(f"# user {user.name} (uid {user.uid}), home {user.home}: "
+              f"runuser -u {user.name} -- bash -c 'source {sb.layout.env_file}; cd; sinfo'")
     for key in sorted(env):
         print(f"export {key}={shlex.quote(env[key])}")
     print(f"""# Use it from a shell:  source {sb.layout.env_file}

@@ -38,6 +38,7 @@ SLURMD_BASE_PORT = 6831
 SRUN_PORT_RANGE = "60001-63000"
 KILL_WAIT_S = 10
 MAX_NODES = 250  # 127.0.0.2 .. 127.0.0.251
+MAX_USERS = 16
 MAX_PORT = 10001  # Ray's default worker ports start at 10002
 
 
@@ -71,6 +72,7 @@ class SandboxSpec:
     memory_mb_per_node: int = 4000
     docker: bool = False
     port_offset: int = 0  # added to every daemon port
+    users: int = 0  # throwaway Unix users (sandbox/users.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -81,6 +83,8 @@ class SandboxSpec:
             raise ValueError(f"cpus_per_node must be >= 1, got {self.cpus_per_node}")
         if self.memory_mb_per_node < 1:
             raise ValueError(f"memory_mb_per_node must be >= 1, got {self.memory_mb_per_node}")
+        if not 0 <= self.users <= MAX_USERS:
+            raise ValueError(f"users must be 0..{MAX_USERS}, got {self.users}")
         if self.port_offset < 0 or node_port(self.nodes, self.port_offset) > MAX_PORT:
             raise ValueError(f"port_offset {self.port_offset} puts slurmd ports past {MAX_PORT} "
                              "(Ray's worker port range starts at 10002)")
@@ -110,6 +114,7 @@ class SandboxSpec:
             memory_mb_per_node=int(data["memory_mb_per_node"]),
             docker=bool(data["docker"]),
             port_offset=int(data.get("port_offset", 0)),
+            users=int(data.get("users", 0)),
         )
 
 

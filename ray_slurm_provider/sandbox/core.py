@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, daemons, files, prereq, probes
+from ray_slurm_provider.sandbox import config, daemons, files, prereq, probes, users
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import (
@@ -24,6 +23,7 @@ from ray_slurm_provider.sandbox.procs import (
     owned_processes,
     terminate,
 )
+from ray_slurm_provider.sandbox.users import SandboxUser
 
 DEFAULT_STATE_DIR = "/tmp/rsp-sandbox"
 STATE_DIR_ENV = "RAY_SLURM_SANDBOX_DIR"
@@ -62,11 +62,11 @@ class Sandbox:
 
     def __init__(self, state_dir: str | None = None, nodes: int = 3, gpus_per_node: int = 2,
                  cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
-                 docker: bool = False, *, port_offset: int = 0) -> None:
+                 docker: bool = False, *, port_offset: int = 0, users: int = 0) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
-                                port_offset=port_offset)
+                                port_offset=port_offset, users=users)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -81,11 +81,15 @@ class Sandbox:
         return cls(layout.root, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
                    cpus_per_node=spec.cpus_per_node,
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
-                   port_offset=spec.port_offset)
+                   port_offset=spec.port_offset, users=spec.users)
 
     @property
     def state_dir(self) -> str:
         return self.layout.root
+
+    def users(self) -> list[SandboxUser]:
+        """The throwaway users `up --users N` created (empty without)."""
+        return users.load(self.layout)
 
     def __repr__(self) -> str:
         return f"Sandbox({self.state_dir!r}, {self.spec})"
@@ -123,6 +127,7 @@ class Sandbox:
                     f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
                     "run `ray-slurm sandbox down` first, or use another --state-dir")
             files.prepare(self.layout, self.spec)
+            users.ensure(self.layout, self.spec.users, self.spec.port_offset)  # before dockerd
             self._forget_unknown()
             self._start_missing()
             daemons.ensure_token(self.layout, self.spec)
@@ -250,7 +255,7 @@ class Sandbox:
             if "dockerd" in live:
                 self._remove_containers()
             if "slurmctld" in live:
-                self._cancel_jobs()
+                daemons.cancel_all_jobs(self.layout, JOB_DRAIN_TIMEOUT_S)
             left = terminate(live.values())
             # What outlived its daemon: slurmstepd, containerd and shims (they carry our
             # marker), and job processes that escaped proctrack/linuxproc.
@@ -260,33 +265,16 @@ class Sandbox:
             # returns only once nothing of the sandbox runs.
             late = owned_processes(self.state_dir) + job_processes(self.layout.slurm_conf)
             left += kill_pids(late, term_timeout_s=5.0) if late else []
+            saved = files.read_spec(self.layout) or self.spec
+            kept = users.remove(self.layout, saved.port_offset)
             files.remove_state_dir(self.layout)
         if left:
             raise SandboxError(f"processes survived SIGKILL: {left}")
+        if kept:
+            raise SandboxError(f"could not delete the sandbox's users: {'; '.join(kept)}")
 
     def _remove_containers(self) -> None:
         try:
             probes.docker_remove_all(self.layout.docker_socket)
         except (OSError, SandboxError):
             pass  # dockerd stops below; its containers go with it
-
-    def _cancel_jobs(self) -> None:
-        env = daemons.client_env(self.layout)
-        try:
-            res = proc.run(["squeue", "-h", "-o", "%A"], env=env, timeout=20)
-            ids = res.stdout.split()
-            if not ids:
-                return
-            proc.run(["scancel", *ids], env=env, timeout=30, check=False)
-        except proc.CommandError:
-            return
-
-        def drained() -> bool:
-            r = proc.run(["squeue", "-h", "-o", "%A"], env=env, timeout=20, check=False)
-            stepds = owned_processes(self.state_dir, names=["slurmstepd"])
-            return r.returncode == 0 and not r.stdout.split() and not stepds
-
-        try:
-            probes.wait_until(drained, JOB_DRAIN_TIMEOUT_S, "cancelled jobs to end")
-        except (SandboxError, proc.CommandError):
-            pass  # stop the daemons anyway; the sweep in `down` kills leftover slurmstepd

@@ -15,10 +15,17 @@ import shutil
 import socket
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, files, probes
+from ray_slurm_provider.sandbox import config, files, probes, users
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
-from ray_slurm_provider.sandbox.procs import OWNER_ENV, Entry, Registry, SandboxError, exists
+from ray_slurm_provider.sandbox.procs import (
+    OWNER_ENV,
+    Entry,
+    Registry,
+    SandboxError,
+    exists,
+    owned_processes,
+)
 
 READY_TIMEOUT_S = 60.0
 TOKEN_LIFESPAN_S = 365 * 24 * 3600
@@ -73,7 +80,9 @@ def argv_for(name: str, layout: Layout, spec: SandboxSpec) -> list[str]:
                 f"{config.REST_HOST}:{spec.rest_port}"]
     if name == "dockerd" and spec.docker:
         d = layout.docker_dir
-        return [_binary("dockerd"), "--config-file", os.path.join(d, "daemon.json"),
+        # With throwaway users, the socket belongs to their group (a site's docker group).
+        group = ["--group", users.group_name(spec.port_offset)] if spec.users else []
+        return [_binary("dockerd"), *group, "--config-file", os.path.join(d, "daemon.json"),
                 "--iptables=false", "--ip6tables=false", "--bridge=none",
                 "--data-root", os.path.join(d, "data"), "--exec-root", os.path.join(d, "exec"),
                 "--pidfile", os.path.join(d, "dockerd.pid"), "-H", layout.docker_host]
@@ -218,3 +227,27 @@ def _new_token(layout: Layout) -> str:
             files.write_token(layout, token)
             return token
     raise SandboxError(f"scontrol token printed no SLURM_JWT: {res.stdout!r}")
+
+
+def cancel_all_jobs(layout: Layout, timeout_s: float) -> None:
+    """scancel every job of the sandbox (all users': we are root) and wait until they and
+    their slurmstepds are gone, at most `timeout_s`."""
+    env = client_env(layout)
+    try:
+        res = proc.run(["squeue", "-h", "-o", "%A"], env=env, timeout=20)
+        ids = res.stdout.split()
+        if not ids:
+            return
+        proc.run(["scancel", *ids], env=env, timeout=30, check=False)
+    except proc.CommandError:
+        return
+
+    def drained() -> bool:
+        r = proc.run(["squeue", "-h", "-o", "%A"], env=env, timeout=20, check=False)
+        stepds = owned_processes(layout.root, names=["slurmstepd"])
+        return r.returncode == 0 and not r.stdout.split() and not stepds
+
+    try:
+        probes.wait_until(drained, timeout_s, "cancelled jobs to end")
+    except (SandboxError, proc.CommandError):
+        pass  # the caller stops the daemons anyway and kills leftover slurmstepds

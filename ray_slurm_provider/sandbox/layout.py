@@ -4,6 +4,7 @@
             etc/slurm.conf gres.conf epilog.sh     (world-readable: slurmrestd runs as nobody)
             munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
             fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
+            users.json  home/<user>/ (0700)  shared/ (0755)      with --users N
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class Layout:
     def token_file(self) -> str:
         return self._p("jwt.token")
 
+    @property
+    def users_file(self) -> str:
+        return self._p("users.json")
+
     # directories
     @property
     def etc_dir(self) -> str:
@@ -83,6 +88,16 @@ class Layout:
     @property
     def docker_dir(self) -> str:
         return self._p("docker")
+
+    @property
+    def home_dir(self) -> str:
+        """Parent of the throwaway users' homes (a site's /home)."""
+        return self._p("home")
+
+    @property
+    def shared_dir(self) -> str:
+        """Software every throwaway user runs, installed by root (a site's /apps)."""
+        return self._p("shared")
 
     # individual files
     @property

@@ -75,10 +75,13 @@ class RayCluster:
     failure: type[Exception] = AssertionError
     #: Seconds one `ray` command may take unless the call says otherwise.
     ray_timeout: float = 600
+    #: The `ray` CLI the commands run (a subclass may use another Python environment).
+    ray_bin: str = RAY
 
-    def __init__(self, tmp: Path, name: str, config: dict[str, Any]) -> None:
+    def __init__(self, tmp: Path, name: str, config: dict[str, Any],
+                 state_dir: Path | None = None) -> None:
         self.name = name
-        self.state_dir = tmp / "state"
+        self.state_dir = state_dir or tmp / "state"
         config = json.loads(json.dumps(config))
         config["cluster_name"] = name
         config["provider"]["state_dir"] = str(self.state_dir)
@@ -126,10 +129,10 @@ class RayCluster:
     def ray(self, *args: str, timeout: float | None = None, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         t0 = time.monotonic()
-        cp = subprocess.run([RAY, *args], capture_output=True, text=True,
+        cp = subprocess.run([self.ray_bin, *args], capture_output=True, text=True,
                             timeout=self.ray_timeout if timeout is None else timeout,
-                            env=env or self.env(), stdin=subprocess.DEVNULL, cwd=ROOT,
-                            check=False)
+                            env=env or self.env(), stdin=subprocess.DEVNULL, check=False,
+                            **self.run_as())
         with self.log.open("a") as f:
             f.write(f"$ ray {' '.join(args)}  # {time.monotonic() - t0:.1f}s exit "
                     f"{cp.returncode}\n{cp.stdout}\n{cp.stderr}\n")
@@ -138,6 +141,10 @@ class RayCluster:
                 f"ray {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout[-3000:]}\n"
                 f"{cp.stderr[-3000:]}\n{self.job_logs()}")
         return cp
+
+    def run_as(self) -> dict[str, Any]:
+        """Extra `subprocess.run` arguments for the cluster's commands (who, where)."""
+        return {"cwd": ROOT}
 
     def up_args(self) -> list[str]:
         return ["up", "-y", "--no-config-cache", str(self.path)]

@@ -1,0 +1,114 @@
+"""Driving Ray clusters as the sandbox's throwaway Unix users (``sandbox up --users N``).
+
+The test process is root; every command of a `UserCluster` runs as its user, from the user's
+home, with a login-like environment (no root variables) and the user's groups. The users
+cannot run root's Python (it may live under a 0700 home), so `user_venv` installs this
+checkout and the same Ray into the sandbox's shared software dir with Debian's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+
+from ray_slurm_provider.sandbox import Sandbox
+from ray_slurm_provider.sandbox.users import SandboxUser
+from tests.e2e.harness import ROOT, RayCluster
+
+
+def _pip(venv: Path, *args: str) -> None:
+    cp = subprocess.run([str(venv / "bin" / "pip"), "install", "-q",
+                         "--disable-pip-version-check", *args],
+                        capture_output=True, text=True, timeout=900, check=False)
+    if cp.returncode != 0:
+        raise AssertionError(f"pip install {' '.join(args)} failed:\n{cp.stderr[-3000:]}")
+
+
+def user_venv(sb: Sandbox) -> Path:
+    """A Python environment every sandbox user can run: Debian's python3.X (the test's minor
+    version), the test's Ray version, and this checkout's package (reinstalled every call, so
+    the users run the code under test)."""
+    venv = Path(sb.layout.shared_dir) / "venv"
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if not os.access(python, os.X_OK):
+        raise AssertionError(f"{python} is missing: the sandbox users need a Python of the "
+                             "test's version outside root's home (apt-get install python3)")
+    stamp = venv / "ray-version"
+    if not stamp.is_file() or stamp.read_text() != ray.__version__:
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=300)
+        _pip(venv, f"ray[default]=={ray.__version__}")
+        stamp.write_text(ray.__version__)
+    _pip(venv, "--no-deps", "--force-reinstall", str(ROOT))
+    return venv
+
+
+def chown_tree(path: Path, user: SandboxUser) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, user.uid, user.gid)
+
+
+class UserCluster(RayCluster):
+    """A `RayCluster` whose commands run as `user`, with its state in the user's default
+    ``~/.ray_slurm``."""
+
+    def __init__(self, user: SandboxUser, venv: Path, name: str, config: dict[str, Any],
+                 sandbox_env: dict[str, str]) -> None:
+        self.user = user
+        self.venv = venv
+        self.sandbox_env = sandbox_env
+        home = Path(user.home)
+        work = home / f"work-{name}"
+        super().__init__(work, name, config, state_dir=home / ".ray_slurm")
+        self.ray_bin = str(venv / "bin" / "ray")
+        chown_tree(work, user)
+
+    def base_env(self) -> dict[str, str]:
+        """What a login shell of the user has, plus the sandbox's SLURM_CONF and DOCKER_HOST
+        (never root's token or variables)."""
+        env = {"HOME": self.user.home, "USER": self.user.name, "LOGNAME": self.user.name,
+               "PATH": f"{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+               "SLURM_CONF": self.sandbox_env["SLURM_CONF"]}
+        if "DOCKER_HOST" in self.sandbox_env:
+            env["DOCKER_HOST"] = self.sandbox_env["DOCKER_HOST"]
+        return env
+
+    def run_as(self) -> dict[str, Any]:
+        return {"cwd": self.user.home, "user": self.user.uid, "group": self.user.gid,
+                "extra_groups": os.getgrouplist(self.user.name, self.user.gid)}
+
+    def run(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Any command as the user, in the cluster's environment."""
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=self.env(), stdin=subprocess.DEVNULL, check=False,
+                              **self.run_as())
+
+    def python(self, code: str, timeout: float = 120) -> Any:
+        """Run `code` with the user's Python; it prints one JSON value, which is returned."""
+        cp = self.run([str(self.venv / "bin" / "python"), "-c", code], timeout)
+        if cp.returncode != 0:
+            raise AssertionError(f"as {self.user.name}: {cp.stderr[-3000:]}")
+        return json.loads(cp.stdout.strip().splitlines()[-1])
+
+    def jobs(self) -> list[tuple[str, str]]:
+        """(job id, state) of this user's jobs of the cluster: both users' clusters share the
+        job name."""
+        out = subprocess.run(["squeue", "--noheader", f"--name={self.job_name}",
+                              f"--user={self.user.name}", "--format=%i %T"],
+                             capture_output=True, text=True, timeout=30, check=True,
+                             env={**os.environ, **self.sandbox_env}).stdout
+        return [(ln.split()[0], ln.split()[1]) for ln in out.splitlines() if ln.strip()]
+
+
+def load_config(path: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(path.read_text())
+    config.update(overrides)
+    return config
