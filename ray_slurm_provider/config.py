@@ -106,6 +106,11 @@ class ProviderConfig:
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S for every node: how long Ray drains on SIGTERM. "
         "Keep it below Slurm's KillWait.",
         5)
+    ray_logs_max_mb: int = doc(
+        "When a node's job ends, its Ray session logs are copied from the node-local temp dir "
+        "to `<state_dir>/<cluster>/ray-logs/<job id>/` (`ray-slurm logs CONFIG JOB --ray`), "
+        "at most this many MB per node (small files first, big ones keep their end). 0: off.",
+        100)
     ray_start_attempts: int = doc(
         "How many times a worker retries a failed `ray start` before its job ends.", 3
     )
@@ -253,6 +258,8 @@ def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:
         raise ConfigError(f"{path}.type: must be 'external', got {cfg.type!r}")
     if cfg.drain_timeout_s < 0:
         raise ConfigError(f"{path}.drain_timeout_s: must be >= 0, got {cfg.drain_timeout_s}")
+    if cfg.ray_logs_max_mb < 0:
+        raise ConfigError(f"{path}.ray_logs_max_mb: must be >= 0 (0: off)")
     if cfg.ray_start_attempts < 1:
         raise ConfigError(f"{path}.ray_start_attempts: must be >= 1")
     if not 0.0 < cfg.object_store_fraction < 1.0:

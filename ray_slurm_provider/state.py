@@ -16,8 +16,8 @@ node and the compute nodes share (the user's home on any HPC site):
         nodes/<job id>/ray.json    RayUp: Ray is up on that node
         nodes/<job id>/start.json  StartRequest: `ray up` -> head agent, the start program
         nodes/<job id>/result.json StartResult: head agent -> `ray up`, how the start went
-        nodes/<job id>/stop        stop this job's Ray, nothing else (`ray stop`, or a job
-                                   Slurm ended while its Ray runs)
+        nodes/<job id>/stop        stop this job's Ray only (`ray stop`, or Slurm ended the job)
+        ray-logs/<job id>/         the node's Ray session logs, kept when its job ends
 
 Every file that crosses a process boundary has one typed reader and writer here (NodeDir,
 ClusterDir). Their JSON must stay as it is: agents of jobs queued with an older release, and
@@ -84,8 +84,6 @@ def _read(path: Path, cls: type[R]) -> R | None:
     except TypeError as e:
         raise ValueError(f"{path}: malformed ({e})") from e
 
-
-# --- what the files hold ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class AgentInfo:
@@ -221,6 +219,9 @@ class ClusterDir:
 
     def log(self, job_id: str) -> Path:
         return self.logs / f"{job_id}.out"
+
+    def ray_logs(self, job_id: str) -> Path:
+        return self.root / "ray-logs" / job_id
 
     def node(self, job_id: str) -> NodeDir:
         return NodeDir(self.root / "nodes" / job_id)

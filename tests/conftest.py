@@ -19,8 +19,13 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
+from ray_slurm_provider.provider.defaults import ENV as DEFAULTS_ENV
 from ray_slurm_provider.sandbox import Sandbox, SandboxError, default_state_dir
 from ray_slurm_provider.sandbox.procs import exists
+
+# No site or personal defaults file of this machine leaks into a test (and every `ray up`
+# the tests run inherits this); the tests of defaults name their files.
+os.environ[DEFAULTS_ENV] = ""
 
 SANDBOX_MARKERS = ("integration", "e2e")
 PORT_OFFSET_ENV = "RAY_SLURM_SANDBOX_PORT_OFFSET"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
+from ray_slurm_provider.agent import raylogs
 from ray_slurm_provider.agent.container import NodeContainer
 from ray_slurm_provider.agent.netaddr import node_ip
 from ray_slurm_provider.agent.raystart import ray_start_argv
@@ -248,6 +249,14 @@ class Agent:
         self.unmark()
         if self.container is not None:
             self.container.remove()
+        try:  # Ray has stopped: its logs are complete. Keep them before the temp dir goes.
+            kept = raylogs.keep(self.temp_dir, self.cdir.ray_logs(self.node_id),
+                                self.spec.ray_logs_max_mb << 20)
+            if kept[0]:
+                log(f"kept {kept[0]} Ray log file(s), {kept[1] >> 10} KiB, in "
+                    f"{self.cdir.ray_logs(self.node_id)}")
+        except OSError as e:
+            log(f"could not keep Ray's logs: {e}")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def prepare_container(self) -> None:

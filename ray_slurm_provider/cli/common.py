@@ -14,6 +14,7 @@ import yaml
 from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
 from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import job_name
+from ray_slurm_provider.provider import defaults
 from ray_slurm_provider.slurm.client import SlurmClient
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import ClusterDir
@@ -33,6 +34,8 @@ class Cluster:
     cdir: ClusterDir
     client_factory: Callable[[ProviderConfig], SlurmClient] = make_client
     _client: SlurmClient | None = field(default=None, repr=False)
+    #: Key path -> the defaults file that supplied it (provider/defaults.py).
+    from_defaults: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -65,10 +68,15 @@ def load_cluster(path: str) -> Cluster:
     if not isinstance(config, dict) or not config.get("cluster_name"):
         raise CliError(f"{path}: not a Ray cluster config (no cluster_name)")
     try:
+        supplied = defaults.apply(config)
+    except ConfigError as e:
+        raise CliError(str(e)) from e  # names the defaults file
+    try:
         pcfg = parse_provider(config.get("provider") or {})
     except ConfigError as e:
         raise CliError(f"{path}: {e}") from e
-    return Cluster(path, config, pcfg, ClusterDir(pcfg.state_dir, str(config["cluster_name"])))
+    return Cluster(path, config, pcfg, ClusterDir(pcfg.state_dir, str(config["cluster_name"])),
+                   from_defaults=supplied)
 
 
 Level = Literal["ok", "info", "warn", "fail"]

@@ -1,4 +1,6 @@
 """`ray-slurm logs CONFIG [JOB|head] [--follow]`: a job's output from the cluster directory.
+`ray-slurm logs CONFIG JOB --ray [FILE]`: the Ray session logs kept when that job ended
+(agent/raylogs.py): the list, or one file.
 
 `logs/<job id>.out` holds the node agent's and Ray's start-up output; `--follow` keeps printing
 until the job is gone. `head` is the running head, or the last one after `ray down` or a
@@ -24,7 +26,7 @@ from ray_slurm_provider.cli.common import (
     table,
 )
 from ray_slurm_provider.jobs import temp_dir
-from ray_slurm_provider.provider.runs import last_head
+from ray_slurm_provider.provider.runs import last_head, ray_logs_of
 from ray_slurm_provider.slurm.client import JOB_ID_RE
 
 
@@ -87,10 +89,36 @@ def follow(path: Path, alive: Callable[[], bool], out: TextIO,
         sleep(every)
 
 
+def ray_logs(cluster: Cluster, job: str, name: str | None) -> list[str]:
+    """The kept Ray logs of `job`: the file list, or the lines of file `name`."""
+    root = ray_logs_of(cluster.cdir, job)
+    if root is None:
+        tmp = temp_dir(cluster.pcfg.temp_dir_root, job)
+        raise CliError(f"no Ray logs kept for job {job} in {cluster.cdir.ray_logs(job)}: they "
+                       f"are copied there when the job ends (provider.ray_logs_max_mb); while "
+                       f"it runs they are on its node in {tmp}/session_latest/logs/")
+    if name is None:
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        rows = [[str(p.relative_to(root)), str(p.stat().st_size)] for p in files]
+        return [*table(["FILE", "BYTES"], rows), f"in {root}",
+                f"show one: ray-slurm logs CONFIG {job} --ray FILE"]
+    path = (root / name).resolve()
+    if not path.is_relative_to(root.resolve()) or not path.is_file():
+        raise CliError(f"no file {name!r} in {root} (list them: ray-slurm logs CONFIG {job} "
+                       "--ray)")
+    return path.read_text(errors="replace").splitlines()
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config)
         job = resolve_job(cluster, args.job)
+        if args.ray is not None:
+            if job is None:
+                raise CliError("--ray needs a job id (or `head`)")
+            lines = ray_logs(cluster, job, args.ray or None)
+            print("\n".join(lines[-args.lines:] if args.lines and args.ray else lines))
+            return 0
         if job is None:
             print("\n".join(list_logs(cluster)))
             return 0
@@ -107,7 +135,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print("\n".join(lines[-args.lines:] if args.lines else lines))
         agent = cluster.cdir.node(job).read_agent()  # an array task's own numeric id
         tmp = temp_dir(cluster.pcfg.temp_dir_root, agent.job_id if agent else job)
-        print(f"# Ray's own logs stay on the node: {tmp}/session_latest/logs/", file=sys.stderr)
+        print(f"# Ray's own logs: on the node in {tmp}/session_latest/logs/ while the job "
+              f"runs, then `ray-slurm logs CONFIG {job} --ray`", file=sys.stderr)
         return 0
 
     return run_command(body)
@@ -116,5 +145,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = config_command(sub, "logs", "a node's job log (or the list of logs)", cmd_logs)
     p.add_argument("job", nargs="?", help="Slurm job id, or `head`; omit to list the logs")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="FILE",
+                   help="the job's Ray session logs, kept when it ended: the list, or FILE")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.add_argument("--lines", "-n", type=int, default=0, help="only the last N lines")

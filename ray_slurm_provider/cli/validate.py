@@ -30,6 +30,7 @@ from ray_slurm_provider.cli.findings import node_type_findings
 from ray_slurm_provider.cluster import parse_provider_section
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import build_job
+from ray_slurm_provider.provider import defaults
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources, validate
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.slurm.script import ScriptError, render
@@ -44,6 +45,8 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
     types = parsed.node_types
     out = [Finding("ok", "config", f"cluster {cluster.name!r}: provider section and "
                    f"{len(types)} node types match the config model")]
+    out += [Finding("info", "defaults", line)
+            for line in defaults.describe(cluster.from_defaults, cluster.config)]
     if parsed.head_type not in types:
         out.append(Finding("fail", "head_node_type", f"{parsed.head_type!r} is not one of "
                            f"available_node_types ({', '.join(types)})", "name a node type"))
@@ -105,6 +108,8 @@ def cmd_render(args: argparse.Namespace) -> int:
             scripts = [s for s in scripts if s[0] == args.node_type]
             if not scripts:
                 raise CliError(f"no node type {args.node_type!r} in {args.config}")
+        for line in defaults.describe(cluster.from_defaults, cluster.config):
+            print(f"# from defaults: {line}")
         for i, (t, kind, script) in enumerate(scripts):
             if i:
                 print()

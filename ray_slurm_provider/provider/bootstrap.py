@@ -28,6 +28,7 @@ from ray_slurm_provider.cluster import (
     parse_cluster,
 )
 from ray_slurm_provider.config import ConfigError, parse_provider
+from ray_slurm_provider.provider import defaults
 from ray_slurm_provider.provider.checks import (
     check_live,
     check_partitions,
@@ -81,6 +82,7 @@ def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
 
 def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
     try:
+        defaults.apply(config)  # a no-op when fillout_resources merged them already
         cluster = validate(config)
     except ConfigError as e:
         raise click.ClickException(f"Invalid cluster config: {e}") from e
@@ -103,7 +105,9 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
-    """Fill omitted `resources` from the partition: CPUs, GPUs from GRES, memory."""
+    """Merge the defaults files (the partition may come from one), then fill omitted
+    `resources` from the partition: CPUs, GPUs from GRES, memory."""
+    defaults.apply(config)
     types = config.get("available_node_types") or {}
     missing = [t for t, nt in types.items() if "resources" not in nt]
     if not missing:

@@ -17,10 +17,11 @@ _LAST_HEAD = "last_head"
 
 
 def new_run(cdir: ClusterDir) -> Path | None:
-    """Move the earlier run's logs aside (a file still being written follows the move);
-    return where they went, if there were any."""
+    """Move the earlier run's logs (job logs and kept Ray logs) aside (a file still being
+    written follows the move); return where they went, if there were any."""
     old = sorted(cdir.logs.glob("*.out"))
-    if not old:
+    ray_logs = cdir.ray_logs("x").parent
+    if not old and not ray_logs.is_dir():
         return None
     dest = cdir.logs / "runs" / time.strftime("%Y%m%d-%H%M%S")
     n = 0
@@ -30,7 +31,21 @@ def new_run(cdir: ClusterDir) -> Path | None:
     dest.mkdir(parents=True, mode=0o700)
     for f in old:
         f.rename(dest / f.name)
+    if ray_logs.is_dir():
+        ray_logs.rename(dest / ray_logs.name)
     return dest
+
+
+def ray_logs_of(cdir: ClusterDir, job_id: str) -> Path | None:
+    """Where job `job_id`'s Ray logs were kept: this run's, else the newest earlier run's."""
+    here = cdir.ray_logs(job_id)
+    if here.is_dir():
+        return here
+    name = here.parent.name
+    for run in sorted(cdir.logs.glob("runs/*"), reverse=True):
+        if (run / name / job_id).is_dir():
+            return run / name / job_id
+    return None
 
 
 def record_head(cdir: ClusterDir, job_id: str) -> None:

@@ -91,6 +91,9 @@ class RayCluster:
         self.cdir = ClusterDir(str(self.state_dir), name)
         self.ports = port_block(name, config["provider"].get("ports", {}).get("base"))
         self.log = tmp / f"{name}.log"
+        #: Variables every command of the cluster gets on top of `base_env` (e.g. the
+        #: defaults files, RAY_SLURM_DEFAULTS).
+        self.extra_env: dict[str, str] = {}
 
     @staticmethod
     def from_file(tmp: Path, name: str, path: Path, **overrides: Any) -> RayCluster:
@@ -123,6 +126,7 @@ class RayCluster:
         env = self.base_env()
         env["RAY_AUTH_MODE"] = "token"
         env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
+        env.update(self.extra_env)
         env.update(extra)
         return env
 

@@ -16,7 +16,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
+from ray_slurm_provider.provider.defaults import ENV as DEFAULTS_ENV
 from ray_slurm_provider.sandbox.image import PODMAN_ARGS
 from tests.e2e.harness import ROOT, RayCluster, wait_for
 
@@ -47,7 +49,22 @@ def cluster(request: pytest.FixtureRequest, sandbox: object,
                     rt], check=True, timeout=300)
     TIMINGS[f"{rt}: image build"] = time.monotonic() - t0
     config = ROOT / "cluster-configs" / f"sandbox-{rt}.yaml"
-    c = RayCluster.from_file(tmp_path_factory.mktemp(rt), f"e2e-{rt}", config)
+    tmp = tmp_path_factory.mktemp(rt)
+    c = RayCluster.from_file(tmp, f"e2e-{rt}", config)
+    # Issue 17.4: a site defaults file supplies the container mounts (the example's own plus
+    # one) and a partition, which the YAML overrides.
+    raw = yaml.safe_load(c.path.read_text())
+    mounts = [*raw["available_node_types"]["head"]["node_config"]["container"].pop("mounts"),
+              f"{tmp / 'site'}:/site:ro"]
+    for nt in raw["available_node_types"].values():
+        nt["node_config"]["container"].pop("mounts", None)
+    c.path.write_text(yaml.safe_dump(raw))
+    (tmp / "site").mkdir()
+    (tmp / "site" / "marker").write_text("from the site mount\n")
+    site = tmp / "defaults.yaml"
+    site.write_text(yaml.safe_dump({"node_config": {"partition": "gpu",
+                                                    "container": {"mounts": mounts}}}))
+    c.extra_env[DEFAULTS_ENV] = str(site)
     try:
         TIMINGS[f"{rt}: ray up"] = c.up()
         yield c
@@ -66,6 +83,22 @@ def test_head_runs_in_its_container(cluster: RayCluster) -> None:
     assert "IN_CONTAINER" in out and f"JOB={head}" in out
     log = cluster.cdir.log(head).read_text()
     assert "Slurm is reachable from inside the head's container" in log
+
+
+def test_site_defaults_supply_the_mounts_and_the_yaml_its_partition(
+        cluster: RayCluster) -> None:
+    head = str(cluster.head()["job_id"])
+    part = subprocess.run(["squeue", "-h", "-j", head, "-o", "%P"], capture_output=True,
+                          text=True, timeout=30, check=True).stdout.strip()
+    assert part == "cpu"  # the YAML's, over the defaults file's gpu
+    out = cluster.ray("exec", str(cluster.path), "cat /site/marker").stdout
+    assert "from the site mount" in out
+    cp = subprocess.run([str(ROOT / ".venv" / "bin" / "ray-slurm"), "validate", "--offline",
+                         str(cluster.path)], capture_output=True, text=True, timeout=120,
+                        env=cluster.env(), check=False)
+    site = cluster.extra_env[DEFAULTS_ENV]
+    assert "node_config.container.mounts = " in cp.stdout and site in cp.stdout, cp.stdout
+    assert "node_config.partition" not in cp.stdout  # every node type sets its own
 
 
 def test_autoscaled_worker_runs_in_a_container(cluster: RayCluster) -> None:

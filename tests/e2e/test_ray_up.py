@@ -28,6 +28,7 @@ from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
 pytestmark = [pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
 TIMINGS: dict[str, float] = {}
+STATE: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,24 @@ def test_job_submit_scales_up_from_zero(cluster: RayCluster) -> None:
     assert len(cluster.jobs()) >= 2
 
 
+def ray_slurm(cluster: RayCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(RAY).with_name("ray-slurm")), *args], capture_output=True,
+                          text=True, timeout=60, env=cluster.base_env(), check=False)
+
+
+def test_ray_logs_of_a_scancelled_worker_outlive_its_job(cluster: RayCluster) -> None:
+    """Issue 17.3: the agent keeps a node's Ray logs in the cluster dir when its job ends."""
+    head = str(cluster.head()["job_id"])
+    worker = next(j for j, st in cluster.jobs() if j != head and st == "RUNNING")
+    subprocess.run(["scancel", worker], check=True, timeout=30, env=cluster.env())
+    wait_for(lambda: worker not in [j for j, _ in cluster.jobs()], 60, "the worker to end")
+    listing = ray_slurm(cluster, "logs", str(cluster.path), worker, "--ray")
+    assert listing.returncode == 0 and "raylet.out" in listing.stdout, listing.stderr
+    raylet = ray_slurm(cluster, "logs", str(cluster.path), worker, "--ray", "raylet.out")
+    assert raylet.returncode == 0 and raylet.stdout.strip(), raylet.stderr
+    STATE["scancelled worker"] = worker
+
+
 def test_tools_in_a_shell_after_ray_slurm_env(cluster: RayCluster) -> None:
     """Issue 14.16: after `eval "$(ray-slurm env CONFIG)"`, ray.init(), `ray status` and
     `ray job submit` all reach the cluster (RAY_ADDRESS was the dashboard URL, which made
@@ -227,3 +246,9 @@ def test_down_leaves_nothing(cluster: RayCluster) -> None:
                          "head"], capture_output=True, text=True, timeout=60,
                         env=cluster.base_env(), check=False)
     assert cp.returncode == 0 and "[ray-slurm " in cp.stdout, cp.stderr
+    # Issue 17.3: Ray's logs of the head, and of the worker scancelled earlier, after `ray down`.
+    for job in ("head", STATE["scancelled worker"]):
+        listing = ray_slurm(cluster, "logs", str(cluster.path), job, "--ray")
+        assert listing.returncode == 0 and "raylet.out" in listing.stdout, (job, listing)
+    monitor = ray_slurm(cluster, "logs", str(cluster.path), "head", "--ray", "monitor.log")
+    assert "Autoscaler" in monitor.stdout or "autoscaler" in monitor.stdout, monitor
