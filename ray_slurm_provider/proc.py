@@ -133,6 +133,45 @@ def run_attached(
         raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s") from e
 
 
+def run_in_group(
+    argv: Sequence[str],
+    *,
+    timeout: float | None,
+    env: Mapping[str, str] | None = None,
+    stdout: int | None = None,
+    grace_s: float = 15.0,
+) -> int:
+    """Run a child in its own session and wait for it; return its exit code.
+
+    A terminal's Ctrl-C reaches only the caller, which decides what the child gets: if
+    anything is raised while waiting (a signal handler's exception), the child's whole group
+    gets SIGTERM, then SIGKILL after `grace_s`, and the exception propagates. `stdout` is a
+    file descriptor (e.g. 2, to keep the caller's stdout for its own output). Past `timeout`
+    the group is stopped the same way and CommandTimeout is raised.
+    """
+    args = [str(a) for a in argv]
+    try:
+        p = subprocess.Popen(args, env=dict(env) if env is not None else None, stdout=stdout,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    except FileNotFoundError as e:
+        raise CommandNotFound(args, f"{args[0]}: command not found") from e
+    try:
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s") from e
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        raise
+
+
 def clean_env(
     base: Mapping[str, str] | None = None,
     *,
