@@ -10,11 +10,10 @@ node and the compute nodes share (the user's home on any HPC site):
         head.json                  HeadInfo: written by the head agent once Ray is up
         teardown                   the head's job was cancelled: workers skip Ray's drain
         logs/<job id>.out          every job's output (an array task's id: <array>_<task>)
-        nodes/<job id>/tags.json   tags Ray set after creation (ray-node-status, ...)
-        tags.gen                   rewritten with every tags.json: readers skip unchanged ones
+        nodes/<job id>/tags.json   tags Ray set after creation; tags.gen changes with each
         nodes/<job id>/agent.json  AgentInfo: the node agent is alive
         nodes/<job id>/ray.json    RayUp: Ray is up on that node
-        nodes/<job id>/start.json  StartRequest: `ray up` -> head agent, the start program
+        nodes/<job id>/start.json  StartRequest: `ray up` (or `ray-slurm sbatch`) -> head agent
         nodes/<job id>/result.json StartResult: head agent -> `ray up`, how the start went
         nodes/<job id>/stop        stop this job's Ray only (`ray stop`, or Slurm ended the job)
         ray-logs/<job id>/         the node's Ray session logs, kept when its job ends
@@ -39,14 +38,8 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound="DataclassInstance")
 
-_AGENT = "agent.json"
-_RAY = "ray.json"
-_START = "start.json"
-_RESULT = "result.json"
-_STOP = "stop"
-_TAGS = "tags.json"
-_HEAD = "head.json"
-_TEARDOWN = "teardown"
+_AGENT, _RAY, _START, _RESULT, _STOP = "agent.json", "ray.json", "start.json", "result.json", "stop"
+_TAGS, _HEAD, _TEARDOWN = "tags.json", "head.json", "teardown"
 
 
 def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
@@ -113,6 +106,9 @@ class StartRequest:
     env: dict[str, str] = field(default_factory=dict)
     before: list[str] = field(default_factory=list)  # shell commands to run first
     prefix: str = ""  # shell that precedes `ray start` in its command: runs in Ray's shell
+    # `ray-slurm sbatch`: once Ray is up, run this as a Ray job; the head job ends with it.
+    entrypoint: list[str] = field(default_factory=list)
+    runtime_env: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import signal
 import socket
+import sys
 import threading
 import time
 
 from ray_slurm_provider import ports, proc, shellcmd
+from ray_slurm_provider.agent import oneshot
 from ray_slurm_provider.agent.agent import Agent, Stopping, log
+from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import StartRequest, StartResult
 
@@ -44,6 +47,7 @@ def _wait_gcs_port_free(argv: list[str]) -> None:
 class HeadAgent(Agent):
     interrupted = False  # Ray stopped on request (or failed to start): wait for the next one
     ports_picked = False  # the port block is chosen once, at Ray's first start
+    oneshot_code: int | None = None  # `ray-slurm sbatch`: the entrypoint's exit code
 
     def run(self) -> int:
         handled = ""
@@ -57,6 +61,12 @@ class HeadAgent(Agent):
             self.ndir.clear_stop()
             self.interrupted = False
             code = self.head_once(req)
+            if req.entrypoint:  # a one-shot cluster ends with its entrypoint, workers too
+                self.end_cluster(req)
+                if self.oneshot_code is not None:
+                    log(f"the job ends with the entrypoint's exit code {self.oneshot_code}")
+                    return self.oneshot_code
+                return code or oneshot.CLUSTER_FAILED
             if self.terminating or not self.interrupted:
                 log(f"Ray exited with code {code}; the job ends")
                 return code
@@ -96,6 +106,34 @@ class HeadAgent(Agent):
             self.spec = dataclasses.replace(self.spec, ports_base=block.base)
         self.ports_picked = True
 
+    def run_oneshot(self, req: StartRequest) -> None:
+        """`ray-slurm sbatch`: run the entrypoint as a Ray job, then stop Ray (the job ends)."""
+        head = self.cdir.read_head()
+        if head is None:
+            log("ERROR: Ray is up but head.json is missing; the one-shot cannot run")
+            code = oneshot.CLUSTER_FAILED
+        else:
+            code = oneshot.run_entrypoint(self.cdir, head, self.spec.auth_mode, req,
+                                          sys.stdout, log, lambda: self.terminating)
+        self.oneshot_code = code
+        child = self.child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    def end_cluster(self, req: StartRequest) -> None:
+        """The one-shot is over (or the head job ends): cancel the cluster's workers now
+        rather than let them find the head gone."""
+        self.cdir.mark_teardown()
+        try:
+            others = [j.job_id for j in self.slurm.list_jobs(job_name(self.spec.cluster_name))
+                      if j.active and j.job_id != self.node_id]
+            if others:
+                log(f"cancelling the workers: {', '.join(others)}")
+                self.slurm.cancel(others)
+        except SlurmError as e:
+            log(f"could not cancel the workers ({e}); they end once they see the head gone")
+        oneshot.remove_staged(self.cdir, req)
+
     def head_once(self, req: StartRequest) -> int:
         prog = shellcmd.Program(exports=dict(req.exports), before=list(req.before),
                                 prefix=req.prefix, ray_start=list(req.ray_start))
@@ -118,6 +156,8 @@ class HeadAgent(Agent):
             self.mark_started(argv, env)
             self.ndir.write_result(StartResult(req.id, ok=True))
             threading.Thread(target=self.watch, args=(req.id,), daemon=True).start()
+            if req.entrypoint:
+                threading.Thread(target=self.run_oneshot, args=(req,), daemon=True).start()
 
         # A busy node can make Ray's own start-up deadlines fire ("The current node timed
         # out during startup"): retry like a worker does before telling `ray up` it failed.

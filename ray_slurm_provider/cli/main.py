@@ -17,6 +17,7 @@ from ray_slurm_provider import __version__
 #: Modules whose ``register(subparsers)`` adds commands, in help order.
 COMMAND_MODULES: tuple[str, ...] = (
     "ray_slurm_provider.cli.run",
+    "ray_slurm_provider.cli.sbatch",
     "ray_slurm_provider.cli.env",
     "ray_slurm_provider.cli.validate",
     "ray_slurm_provider.cli.status",

@@ -14,26 +14,23 @@ than the entrypoint; 2 for bad input, with nothing submitted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import shlex
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ray_slurm_provider import auth, proc
+from ray_slurm_provider import proc
+from ray_slurm_provider.agent import oneshot
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
 from ray_slurm_provider.slurm.client import SlurmError
 
-CLUSTER_FAILED = 125
+CLUSTER_FAILED = oneshot.CLUSTER_FAILED
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
-POLL_S = 1.0
 HEAD_CHECK_EVERY = 10  # polls between asking Slurm whether the head job still runs
 DOWN_TIMEOUT_S = 600.0
 
@@ -131,13 +128,10 @@ def ray_cli(args: list[str], timeout: float) -> int:
 
 def connect(cluster: Cluster) -> Any:
     """A Ray job client for the cluster's head (with its token)."""
-    from ray.job_submission import JobSubmissionClient
-
     head = cluster.cdir.read_head()
     if head is None:
         raise ClusterFailed(f"`ray up` ended but no head is recorded in {cluster.cdir.root}")
-    os.environ.update(auth.auth_env(cluster.pcfg.auth.mode, cluster.cdir.root / auth.TOKEN_FILE))
-    return JobSubmissionClient(f"http://{head.ip}:{head.dashboard_port}")
+    return oneshot.job_client(cluster.cdir, head, cluster.pcfg.auth.mode)
 
 
 class Runner:
@@ -199,48 +193,28 @@ class Runner:
         raise Interrupted(signum)
 
     def watch(self, client: Any) -> int:
-        tail = threading.Thread(target=self._tail, args=(client,), daemon=True)
-        tail.start()
         polls = 0
-        while True:
-            self.sleep(POLL_S)
+
+        def check(answered: bool) -> None:
+            nonlocal polls
             polls += 1
+            if answered and polls % HEAD_CHECK_EVERY:
+                return
             try:
-                info = client.get_job_info(self.job_id)
-            except Exception:  # the dashboard did not answer: is the head still there?
-                info = None
-            if info is not None and info.status.is_terminal():
-                tail.join(10)
-                return self.exit_code(info)
-            if info is None or polls % HEAD_CHECK_EVERY == 0:
-                try:
-                    now = running_head(self.cluster)
-                except SlurmError:
-                    continue  # Slurm's hiccup is not the cluster's end: ask again later
-                if self.head is not None and now != self.head:
-                    raise ClusterFailed(f"the head job {self.head} ended while the "
-                                        "entrypoint ran (walltime, scancel?)")
+                now = running_head(self.cluster)
+            except SlurmError:
+                return  # Slurm's hiccup is not the cluster's end: ask again later
+            if self.head is not None and now != self.head:
+                raise ClusterFailed(f"the head job {self.head} ended while the entrypoint "
+                                    "ran (walltime, scancel?)")
 
-    def _tail(self, client: Any) -> None:
-        async def follow() -> None:
-            async for lines in client.tail_job_logs(self.job_id):
-                self.out.write(lines)
-                self.out.flush()
-
-        try:
-            asyncio.run(follow())
-        except Exception as e:  # the job's status decides the outcome, not the stream
-            self.say(f"log stream ended: {e}")
-
-    def exit_code(self, info: Any) -> int:
-        status = str(getattr(info.status, "value", info.status))
-        code = info.driver_exit_code
-        if status == "SUCCEEDED":
-            return 0
-        if status == "FAILED" and code is not None:
-            self.say(f"the entrypoint exited with {code}")
-            return int(code) if 0 < code < 256 else 128 + abs(int(code)) % 128
-        raise ClusterFailed(f"Ray job {self.job_id} {status}: {info.message}")
+        info = oneshot.follow(client, str(self.job_id), self.out, sleep=self.sleep,
+                              check=check, say=self.say)
+        code = oneshot.exit_code(info)
+        if code is None:
+            raise ClusterFailed(f"Ray job {self.job_id} {info.status}: {info.message}")
+        self.say(f"the entrypoint exited with {code}")
+        return code
 
     def cleanup(self, client: Any, down: bool) -> None:
         if client is not None and self.job_id is not None:

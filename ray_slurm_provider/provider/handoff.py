@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 
@@ -35,14 +36,17 @@ def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
 
 
 def request_start(ndir: NodeDir, prog: shellcmd.Program,
-                  env: Mapping[str, object] | None) -> str:
-    """Hand `prog` (which has a `ray start`) to the node's agent; the request's id."""
+                  env: Mapping[str, object] | None, *, entrypoint: list[str] | None = None,
+                  runtime_env: dict[str, Any] | None = None) -> str:
+    """Hand `prog` (which has a `ray start`) to the node's agent; the request's id. With an
+    `entrypoint` (`ray-slurm sbatch`), the head runs it once Ray is up and ends with it."""
     assert prog.ray_start is not None
     req = StartRequest(
         id=uuid.uuid4().hex, ray_start=prog.ray_start, exports=prog.exports,
         env={k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
              for k, v in (env or {}).items()},
-        before=prog.before, prefix=prog.prefix)
+        before=prog.before, prefix=prog.prefix, entrypoint=list(entrypoint or []),
+        runtime_env=dict(runtime_env or {}))
     ndir.write_start(req)
     return req.id
 

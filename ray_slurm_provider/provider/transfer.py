@@ -6,11 +6,13 @@ shared filesystem), so a transfer is a local copy; nothing goes through the job.
 
 from __future__ import annotations
 
+import copy as copy_module
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from ray_slurm_provider.cluster import AUTO_PYTHON_KEY
 from ray_slurm_provider.state import ClusterDir
@@ -27,10 +29,15 @@ def remote_path(cdir: ClusterDir, path: str) -> str:
 
 
 def copy_bootstrap_config(src: str, dst: str) -> None:
-    """The head's autoscaler config, as `ray up` syncs it: a `provider.python` that is only
-    bootstrap's default becomes this `ray up`'s Python (Ray's config cache may have kept
-    another checkout's)."""
-    config = json.loads(Path(os.path.expanduser(src)).read_text())
+    """The head's autoscaler config, as `ray up` syncs it."""
+    write_bootstrap_config(json.loads(Path(os.path.expanduser(src)).read_text()), dst)
+
+
+def write_bootstrap_config(config: dict[str, Any], dst: str) -> None:
+    """Write the head's autoscaler config: a `provider.python` that is only bootstrap's
+    default becomes this process's Python (Ray's config cache may have kept another
+    checkout's)."""
+    config = copy_module.deepcopy(config)
     provider = config.get("provider") or {}
     if provider.get(AUTO_PYTHON_KEY):
         provider["python"] = sys.executable

@@ -1,15 +1,19 @@
-"""`ray-slurm run` on the sandbox (issue 17.1): an ephemeral cluster for one entrypoint.
+"""`ray-slurm run` and `ray-slurm sbatch` on the sandbox (issue 17): one-shot clusters.
 
 An entrypoint that needs workers (the head has no CPUs) and exits 3: `run` exits 3 and nothing
 of the cluster remains. An entrypoint interrupted with SIGINT (Ctrl-C): `run` exits 130 and
-nothing remains.
+nothing remains. `sbatch` of the first entrypoint returns at once with the head's job id; the
+head job ends FAILED with exit code 3, its log has the entrypoint's output, nothing remains.
+`scancel` of a one-shot head while its workers run ends everything.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,4 +74,48 @@ def test_ctrl_c_stops_the_job_and_the_cluster(sandbox: object, tmp_path: Path) -
     finally:
         if p.poll() is None:
             p.kill()
+        c.cleanup()
+
+
+def sbatch(c: RayCluster, code: str) -> tuple[str, float]:
+    t0 = time.monotonic()
+    cp = subprocess.run([RAY_SLURM, "sbatch", str(c.path), "--", "python", "-c", code],
+                        capture_output=True, text=True, timeout=300, env=c.base_env(),
+                        stdin=subprocess.DEVNULL, check=False)
+    took = time.monotonic() - t0
+    assert cp.returncode == 0 and cp.stdout.strip().isdigit(), (cp.stdout, cp.stderr)
+    return cp.stdout.strip(), took
+
+
+def test_sbatch_returns_at_once_and_the_head_job_ends_with_the_entrypoint(
+        sandbox: object, tmp_path: Path) -> None:
+    c = RayCluster.from_file(tmp_path, "e2e-sbatch", CONFIG)
+    try:
+        head, took = sbatch(c, NEEDS_WORKERS)
+        print("TIMINGS", json.dumps({"sbatch returned (s)": round(took, 1)}))
+        wait_for(lambda: head not in [j for j, _ in c.jobs()], 900,
+                 "the head job to end", every=2)
+        show = subprocess.run(["scontrol", "show", "job", head], capture_output=True,
+                              text=True, timeout=30, check=True).stdout
+        assert "JobState=FAILED" in show and "ExitCode=3:0" in show, show
+        log = c.cdir.log(head).read_text()
+        assert "WORKER NODES" in log, log[-3000:]  # the entrypoint ran on autoscaled workers
+        assert "the job ends with the entrypoint's exit code 3" in log
+        nothing_left(c)
+    finally:
+        c.cleanup()
+
+
+def test_scancel_of_a_one_shot_head_ends_everything(sandbox: object, tmp_path: Path) -> None:
+    c = RayCluster.from_file(tmp_path, "e2e-sbatch-x", CONFIG)
+    busy = ("import ray, time; ray.init();"
+            "f = ray.remote(num_cpus=1)(lambda: time.sleep(900));"
+            "refs = [f.remote() for _ in range(2)]; print('STARTED', flush=True); ray.get(refs)")
+    try:
+        head, _ = sbatch(c, busy)
+        wait_for(lambda: len([j for j, st in c.jobs() if st == "RUNNING"]) >= 2, 600,
+                 "a worker of the one-shot cluster to run", every=2)
+        subprocess.run(["scancel", head], check=True, timeout=30)
+        nothing_left(c)
+    finally:
         c.cleanup()

@@ -1,0 +1,175 @@
+"""`ray-slurm sbatch` (issue 17.2) with fakes: what the login side prepares and submits, and
+the head agent that runs the entrypoint, cancels its workers and ends with the entrypoint's
+exit code. The sandbox test is tests/e2e/test_oneshot.py."""
+
+from __future__ import annotations
+
+import io
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.job_submission import JobStatus
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.agent import head as head_role
+from ray_slurm_provider.agent import oneshot
+from ray_slurm_provider.agent.agent import Agent
+from ray_slurm_provider.agent.head import HeadAgent
+from ray_slurm_provider.cli import sbatch
+from ray_slurm_provider.cli.main import main
+from ray_slurm_provider.cli.run import Plan
+from ray_slurm_provider.nodespec import NodeSpec
+from ray_slurm_provider.provider.provider import SlurmNodeProvider
+from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.slurm.spec import JobSpec
+from ray_slurm_provider.state import HeadInfo, StartRequest
+from tests.fakes import FakeSlurm
+from tests.unit.test_cmds import cluster as make_cluster
+
+
+def offline(config: Any = None) -> Any:
+    raise SlurmError("offline")
+
+
+def test_sbatch_prepares_the_head_and_hands_it_the_entrypoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info", offline)
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+
+    def provider(config: dict[str, Any], name: str) -> SlurmNodeProvider:
+        p = SlurmNodeProvider(config, name)
+        p._client = fake
+        return p
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("print(1)\n")
+    head = sbatch.submit(c, Plan(c.path, ["python", "train.py"],
+                                 {"working_dir": str(work), "env_vars": {"A": "1"}}),
+                         provider_cls=provider)
+    (job,) = fake.list_jobs(c.job_name)
+    assert job.job_id == head and job.state == "PENDING"
+    req = c.cdir.node(head).read_start()
+    assert req is not None and req.entrypoint == ["python", "train.py"]
+    assert req.ray_start is not None and req.ray_start[:3] == ["ray", "start", "--head"]
+    assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in req.ray_start
+    staged = Path(req.runtime_env["working_dir"])
+    assert staged.parent == c.cdir.root / "oneshot" and (staged / "train.py").exists()
+    assert req.runtime_env["env_vars"] == {"A": "1"}
+    assert req.env["RAY_OVERRIDE_RESOURCES"] == '{"CPU": 0}'
+    boot = c.cdir.bootstrap_config.read_text()
+    assert '"_node_types"' in boot and '"cpu_worker"' in boot  # the head's autoscaler config
+
+
+def test_sbatch_refuses_a_cluster_that_is_up_and_submits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    head = fake.submit(JobSpec(job_name=c.job_name, command=["x"]))
+    fake.start(head)
+    c.cdir.write_head(HeadInfo(job_id=head, ip="127.0.0.2", gcs_port=1))
+    monkeypatch.setattr("ray_slurm_provider.cli.sbatch.load_cluster", lambda path: c)
+    monkeypatch.setattr(sbatch, "submit", lambda *a, **k: pytest.fail("submitted"))
+    assert main(["sbatch", str(c.path), "--", "python", "x.py"]) == 2
+    assert f"is already up (head job {head})" in capsys.readouterr().err
+    assert main(["sbatch", str(c.path)]) == 2
+    assert "no entrypoint" in capsys.readouterr().err
+
+
+class RayChild:
+    """`ray start --block`: says Ray started, then blocks until it gets a signal."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.pid = 0
+
+    @property
+    def stdout(self) -> Any:
+        yield "Ray runtime started.\n"
+        self.stopped.wait(30)
+
+    def poll(self) -> int | None:
+        return 0 if self.stopped.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        self.stopped.set()
+
+    def kill(self) -> None:
+        self.stopped.set()
+
+
+def test_the_head_runs_the_entrypoint_cancels_its_workers_and_ends_with_its_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"))
+    fake = FakeSlurm()
+    head_id = fake.submit(JobSpec(job_name="ray-c1", command=["x"]))
+    worker = fake.submit(JobSpec(job_name="ray-c1", command=["x"]))
+    fake.start(head_id)
+    fake.start(worker)
+    a = HeadAgent(spec, {"SLURM_JOB_ID": head_id, "HOME": str(tmp_path)})
+    a.slurm = fake
+    staged = oneshot.staged_dir(a.cdir, "abc")
+    staged.mkdir(parents=True)
+    a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
+                                    entrypoint=["python", "train.py"],
+                                    runtime_env={"working_dir": str(staged)}))
+    monkeypatch.setattr(proc, "start", lambda argv, env=None: RayChild())
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.2")
+    monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
+    seen: list[StartRequest] = []
+
+    def entrypoint(cdir: Any, head: HeadInfo, mode: str, req: StartRequest, out: Any,
+                   say: Any, stopping: Any) -> int:
+        seen.append(req)
+        return 3
+
+    monkeypatch.setattr(oneshot, "run_entrypoint", entrypoint)
+    assert a.main() == 3
+    assert seen and seen[0].entrypoint == ["python", "train.py"]
+    assert [j.job_id for j in fake.list_jobs("ray-c1") if j.active] == [head_id]
+    assert a.cdir.teardown_marked() and not staged.exists()
+
+
+@dataclass
+class Info:
+    status: JobStatus
+    driver_exit_code: int | None = None
+    message: str = ""
+
+
+@pytest.mark.parametrize(("info", "code"), [
+    (Info(JobStatus.SUCCEEDED), 0), (Info(JobStatus.FAILED, 3), 3),
+    (Info(JobStatus.FAILED, -9), 137), (Info(JobStatus.FAILED, None), None),
+    (Info(JobStatus.STOPPED), None)])
+def test_exit_codes(info: Info, code: int | None) -> None:
+    assert oneshot.exit_code(info) == code
+
+
+def test_follow_streams_the_output_and_returns_the_final_status() -> None:
+    class Client:
+        polls = 0
+
+        def get_job_info(self, job_id: str) -> Info:
+            self.polls += 1
+            if self.polls == 2:
+                raise ConnectionError("dashboard restarting")
+            return Info(JobStatus.RUNNING if self.polls < 4 else JobStatus.FAILED, 5)
+
+        async def tail_job_logs(self, job_id: str) -> Any:
+            yield "line 1\n"
+            yield "line 2\n"
+
+    answered: list[bool] = []
+    out = io.StringIO()
+    info = oneshot.follow(Client(), "j", out, sleep=lambda s: None, check=answered.append)
+    assert info.driver_exit_code == 5 and answered == [True, False, True]
+    assert out.getvalue() == "line 1\nline 2\n"
