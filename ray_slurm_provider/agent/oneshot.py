@@ -8,7 +8,6 @@ head job's log, ends the cluster's workers and ends its own job with the entrypo
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 import shutil
 import threading
@@ -69,11 +68,16 @@ def follow(client: Any, job_id: str, out: TextIO, *, sleep: Callable[[float], No
 
 
 def job_client(cdir: ClusterDir, head: HeadInfo, auth_mode: str) -> Any:
-    """Ray's job client for the cluster's dashboard, with the cluster's token."""
+    """Ray's job client for the cluster's dashboard, with the cluster's token. The token goes
+    in the client's own header: Ray reads RAY_AUTH_MODE once, when it is first imported, so
+    setting the variable here would come too late."""
     from ray.job_submission import JobSubmissionClient
 
-    os.environ.update(auth.auth_env(auth_mode, cdir.root / auth.TOKEN_FILE))
-    return JobSubmissionClient(f"http://{head.ip}:{head.dashboard_port}")
+    headers = {}
+    if auth_mode == "token":
+        token = (cdir.root / auth.TOKEN_FILE).read_text().strip()
+        headers["Authorization"] = f"Bearer {token}"
+    return JobSubmissionClient(f"http://{head.ip}:{head.dashboard_port}", headers=headers)
 
 
 def run_entrypoint(cdir: ClusterDir, head: HeadInfo, auth_mode: str, req: StartRequest,

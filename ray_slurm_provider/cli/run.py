@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
@@ -119,11 +120,18 @@ def running_head(cluster: Cluster) -> str | None:
     return head.job_id if any(j.job_id == head.job_id and j.active for j in jobs) else None
 
 
+def own_env() -> dict[str, str]:
+    """Our environment with this Python's bin dir first on PATH. The head job inherits it:
+    an entrypoint's `python` is then the one `ray-slurm` runs in, even if not activated."""
+    bindir = Path(sys.executable).parent
+    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def ray_cli(args: list[str], timeout: float) -> int:
     """`ray ARGS` from this Python's environment, output on stderr, in its own session."""
     ray = Path(sys.executable).with_name("ray")
     return proc.run_in_group([str(ray) if ray.exists() else "ray", *args], timeout=timeout,
-                             stdout=2)
+                             stdout=2, env=own_env())
 
 
 def connect(cluster: Cluster) -> Any:
@@ -177,6 +185,9 @@ class Runner:
             return SIGNAL_EXIT[signal.Signals(e.signum)]
         except (ClusterFailed, proc.CommandError) as e:
             self.say(f"the cluster failed, not the entrypoint: {e}")
+            return CLUSTER_FAILED
+        except Exception as e:  # Ray's client refused or broke: still clean up, then say so
+            self.say(f"the cluster failed, not the entrypoint: {type(e).__name__}: {e}")
             return CLUSTER_FAILED
         finally:
             for s in SIGNAL_EXIT:  # cleanup runs to the end; later signals are only noted

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import copy
 import json
+import os
 import shutil
 import sys
 import uuid
@@ -25,7 +26,7 @@ import click
 from ray_slurm_provider import shellcmd
 from ray_slurm_provider.agent.oneshot import staged_dir
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
-from ray_slurm_provider.cli.run import Plan, plan, running_head
+from ray_slurm_provider.cli.run import Plan, own_env, plan, running_head
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.provider import handoff, transfer
 from ray_slurm_provider.slurm.client import SlurmError
@@ -119,6 +120,7 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         if up:
             raise CliError(f"cluster {cluster.name!r} is already up (head job {up}); "
                            "`ray down` it first, or use `ray-slurm run --reuse`")
+        os.environ.update(own_env())  # the head job's environment (see own_env)
         head = submit(cluster, p)
     except CliError as e:
         print(f"ray-slurm: {e}", file=sys.stderr)

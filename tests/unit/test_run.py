@@ -207,3 +207,37 @@ def test_options_before_and_after_the_config(tmp_path: Path,
     assert seen[0].down is False and seen[0].reuse is False
     assert main(["run", str(w.cluster.path), "--", "python", "x.py"]) == 0
     assert seen[1].entrypoint == ["python", "x.py"] and seen[1].down is True
+
+
+def test_a_client_error_is_the_clusters_failure_and_still_downs_it(tmp_path: Path) -> None:
+    w = World(tmp_path, FakeJobs([Info(JobStatus.RUNNING)]))
+
+    def refuse(c: Cluster) -> Any:
+        raise RuntimeError("Authentication required: Missing authentication token")
+
+    r = w.runner()
+    r.client = refuse
+    assert r.run() == run.CLUSTER_FAILED
+    assert "RuntimeError: Authentication required" in w.err.getvalue()
+    assert w.calls == ["up", "down"] and w.leftovers() == []
+
+
+def test_the_job_client_carries_the_clusters_token_in_its_header(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on the sandbox: Ray reads RAY_AUTH_MODE when first imported, so exporting it in
+    `ray-slurm run` came too late and the dashboard answered 401."""
+    import ray.job_submission
+
+    from ray_slurm_provider.agent import oneshot
+
+    made: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient",
+                        lambda address, headers: made.append((address, headers)))
+    w = World(tmp_path, FakeJobs([Info(JobStatus.RUNNING)]))
+    w.cluster.cdir.create()
+    (w.cluster.cdir.root / "auth_token").write_text("s3cret\n")
+    head = HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=1, dashboard_port=8265)
+    oneshot.job_client(w.cluster.cdir, head, "token")
+    oneshot.job_client(w.cluster.cdir, head, "disabled")
+    assert made == [("http://127.0.0.2:8265", {"Authorization": "Bearer s3cret"}),
+                    ("http://127.0.0.2:8265", {})]
