@@ -35,9 +35,11 @@ def test_node_files_keep_their_json(tmp_path: Path) -> None:
     assert read_json(n.path / "agent.json") == {"host": "n1", "pid": 42, "kind": "worker",
                                                 "job_id": "15"}
     assert read_json(n.path / "ray.json") == {"ip": "10.0.0.1", "job_id": "15"}
+    # Keys are only ever added (an older agent ignores the ones it does not know).
     assert read_json(n.path / "start.json") == {
         "id": "r1", "ray_start": ["ray", "start", "--head"], "exports": {"A": "$B"},
-        "env": {"C": "1"}, "before": ["echo hi"], "prefix": ""}
+        "env": {"C": "1"}, "before": ["echo hi"], "prefix": "", "entrypoint": [],
+        "runtime_env": {}}
     assert (n.path / "start.json").stat().st_mode & 0o777 == 0o600  # it carries the env
     n.write_result(StartResult("r1", ok=True))
     assert read_json(n.path / "result.json") == {"id": "r1", "ok": True}
@@ -49,6 +51,10 @@ def test_node_files_keep_their_json(tmp_path: Path) -> None:
     assert n.read_start() == StartRequest(id="r1", ray_start=["ray", "start", "--head"],
                                           exports={"A": "$B"}, env={"C": "1"},
                                           before=["echo hi"])
+    # A start.json an older `ray up` wrote (no one-shot keys) reads as no one-shot.
+    write_json(n.path / "start.json", {"id": "r0", "ray_start": ["ray", "start"]})
+    old = n.read_start()
+    assert old is not None and old.entrypoint == [] and old.runtime_env == {}
 
 
 def test_missing_files_read_as_none_and_markers(tmp_path: Path) -> None:
