@@ -45,12 +45,12 @@ CLUSTER = "p4"
 NODES = 1000
 
 
-def left(i: int, running: bool, tick: int) -> str:
-    """squeue's time left (%L): a running job's goes down with every listing."""
+def end(i: int, running: bool) -> str:
+    """squeue's end time (%e): a running job's is fixed (start + limit); a pending one has
+    none yet. (Before the end time replaced %L, every running line changed every listing.)"""
     if not running:
-        return "2:00:00"
-    s = 5832 - 5 * tick - i % 600
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+        return "N/A"
+    return f"2026-11-30T03:{i % 60:02d}:05"
 
 
 def squeue_output(n: int, tick: int = 0) -> str:
@@ -67,7 +67,7 @@ def squeue_output(n: int, tick: int = 0) -> str:
                 TAG_RAY_LAUNCH_REQUEST: "6a1f3e2d", SUBMIT_TAG: f"{i:032x}"}
         node = f"n{i % NODES + 1}" if running else ""
         lines.append(DELIM.join([
-            left(i, running, tick), job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
+            end(i, running), job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
             "None" if running else "Resources", node or "", node or "", "2:00:00",
             "2026-11-30T01:00:00", "2026-11-30T01:00:05" if running else "N/A", "cpu", job_id,
             encode_tags(tags)]))

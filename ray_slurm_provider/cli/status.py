@@ -58,7 +58,7 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
             "address": j.node_addr, "ray_up": cluster.cdir.ray_up(j.job_id),
             "ray_status": tags.get(STATUS, ""), "resources": _resources(
                 cluster, tags.get(NODE_TYPE, "")),
-            "time_left_s": j.time_left_s, "time_limit_s": j.time_limit_s,
+            "time_left_s": j.left_s(), "time_limit_s": j.time_limit_s,
             "reason": j.reason if pending else "",
             "expected_start": j.start_time if pending else "",
             "partition": j.partition,

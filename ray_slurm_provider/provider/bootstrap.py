@@ -9,6 +9,7 @@ only its own section, yet workers must run the YAML's initialization, setup and 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -138,3 +139,19 @@ def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
         if mem and not ncfg.mem:
             nc.setdefault("mem", f"{mem // MIB}M")
     return config
+
+
+class ConfigHooks:
+    """The NodeProvider hooks Ray calls on the login node with the whole cluster config
+    (SlurmNodeProvider inherits them)."""
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return bootstrap_config(copy.deepcopy(cluster_config))
+
+    @staticmethod
+    def fillout_available_node_types_resources(config: dict[str, Any]) -> dict[str, Any]:
+        return fillout_resources(config)
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return cluster_config

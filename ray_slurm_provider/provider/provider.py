@@ -25,12 +25,10 @@ Design
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ray.autoscaler.node_provider import NodeProvider
@@ -47,11 +45,14 @@ from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
 from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
 from ray_slurm_provider.jobs import build_job, job_name
 from ray_slurm_provider.provider import runs
-from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
+from ray_slurm_provider.provider.bootstrap import ConfigHooks
 from ray_slurm_provider.provider.snapshot import (
     NodeRecord,
+    Snapshot,
     describe,
     keep_created,
+    same_listing,
+    settling,
     take,
     vanished_workers,
     worker_status,
@@ -71,7 +72,7 @@ from ray_slurm_provider.state import ClusterDir
 logger = logging.getLogger(__name__)
 
 
-class SlurmNodeProvider(NodeProvider):
+class SlurmNodeProvider(ConfigHooks, NodeProvider):
     #: Longer than Slurm takes to end a cancelled job (KillWait, 30 s by default, plus epilog).
     GONE_TTL_S = 120.0
 
@@ -83,8 +84,7 @@ class SlurmNodeProvider(NodeProvider):
         # outlives its scancel must show up again). Created -> listings started by then.
         self._gone: dict[str, float] = {}
         self._born: dict[str, int] = {}
-        self._listings = 0
-        self._clock: Callable[[], float] = time.monotonic
+        self._listings, self._clock = 0, time.monotonic
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
         try:
@@ -99,6 +99,9 @@ class SlurmNodeProvider(NodeProvider):
         self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
         self._ray_seen: set[str] = set()  # workers whose Ray was seen up
         self._gen: tuple[str, int] | None = None  # tags and strays as of the last listing
+        self._jobs: list[Job] = []  # the last listing: the same one again is a steady tick
+        self._heads: list[NodeRecord] = []  # and whether a worker's Ray may come up:
+        self._settling = False
 
     # --- Slurm access ------------------------------------------------------------------
     @property
@@ -127,9 +130,12 @@ class SlurmNodeProvider(NodeProvider):
         jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
         # Last tick's records are reused only while no tags file or stray changed since.
         gen = (self.cluster_dir.tags_generation(), self.strays.generation)
-        prev, self._gen = (self._nodes if gen == self._gen else {}), gen
-        snap = take(jobs, prev, gone=self._gone, stray=self.strays.__contains__,
-                    submit_tag=SUBMIT_TAG, tags=self._tags)
+        steady = (gen == self._gen and not self._gone and not self._born and not self._settling
+                  and same_listing(jobs, self._jobs))  # then every record is last tick's
+        prev, self._gen, self._jobs = (self._nodes if gen == self._gen else {}), gen, jobs
+        snap = Snapshot(dict(prev)) if steady else take(
+            jobs, prev, gone=self._gone, stray=self.strays.__contains__, submit_tag=SUBMIT_TAG,
+            tags=self._tags)
         nodes, strays = snap.nodes, snap.strays
         with self._lock:
             keep_created(nodes, self._nodes, self._born, self._gone, listing)
@@ -140,7 +146,11 @@ class SlurmNodeProvider(NodeProvider):
             ids = [i for i, r in nodes.items()
                    if all(r.tags.get(k) == v for k, v in tag_filters.items())
                    ] if tag_filters else list(nodes)
-        self._after_listing(before, nodes, strays)
+        if steady:  # nothing vanished, nothing new: only the head's time left moves
+            for rec in self._heads:
+                self.head_time.observe(rec.job)
+        else:
+            self._after_listing(before, nodes, strays)
         return ids
 
     def _after_listing(self, before: dict[str, NodeRecord], nodes: dict[str, NodeRecord],
@@ -168,9 +178,11 @@ class SlurmNodeProvider(NodeProvider):
                                   f"Ray started on it; {last_log_line(log) or 'see'} ({log})",
                                   "crashed")
         self._ray_seen &= nodes.keys()
-        for rec in nodes.values():
-            if rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
-                self.head_time.observe(rec.job)
+        self._heads = [r for r in nodes.values()
+                       if r.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD]
+        self._settling = settling(nodes.values())
+        for rec in self._heads:
+            self.head_time.observe(rec.job)
 
     def _tags(self, job: Job, created: dict[str, str]) -> dict[str, str]:
         tags = {**created, **self.cluster_dir.tags(job.job_id)}
@@ -275,24 +287,12 @@ class SlurmNodeProvider(NodeProvider):
         logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
         return None
 
-    # --- runners and config hooks ------------------------------------------------------
     def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
                            cluster_name: str, process_runner: Any, use_internal_ip: bool,
                            docker_config: dict[str, Any] | None = None) -> Any:
         from ray_slurm_provider.provider.runner import SrunCommandRunner
 
         return SrunCommandRunner(self, node_id, log_prefix)
-
-    @staticmethod
-    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
-        return bootstrap_config(copy.deepcopy(cluster_config))
-
-    @staticmethod
-    def fillout_available_node_types_resources(config: dict[str, Any]) -> dict[str, Any]:
-        return fillout_resources(config)
-
-    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
-        return cluster_config
 
     def cleanup_cluster_resources(self) -> None:
         """After `ray down`: forget every node's state (the token and logs stay)."""

@@ -16,7 +16,8 @@ the tick may; most jobs have not changed since the last tick, so their records a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Mapping
+import operator
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ray.autoscaler.tags import (
@@ -85,6 +86,18 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container
             continue
         snap.nodes[job.job_id] = NodeRecord(job, tags(job, created))
     return snap
+
+
+def same_listing(jobs: Sequence[Job], last: Sequence[Job]) -> bool:
+    """This listing is the last one, Job object for Job object (the CLI client gives back the
+    same objects, even the same list, for an unchanged listing: slurm/parse.SqueueCache)."""
+    return jobs is last or (len(jobs) == len(last) and all(map(operator.is_, jobs, last)))
+
+
+def settling(records: Iterable[NodeRecord]) -> bool:
+    """Whether a worker's Ray may come up (status `setting-up`): its record must be looked at
+    again next tick, even when the listing has not changed."""
+    return any(r.tags.get(TAG_RAY_NODE_STATUS) == STATUS_SETTING_UP for r in records)
 
 
 def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRecord],

@@ -50,21 +50,21 @@ class HeadWalltime:
         now = self._clock()
         if job.job_id != self._job:
             self._job, self._next_log, self._next_write, self._warned = job.job_id, 0.0, 0.0, False
-        left, limit = job.time_left_s, job.time_limit_s
+        left, limit = job.left_s(), job.time_limit_s
         warn = left is not None and left <= warn_below_s(limit)
         if warn != self._warned:  # entering or leaving the window (e.g. limit extended)
             self._next_log = self._next_write = 0.0
         self._warned = warn
         if now >= self._next_log:
-            self._log(job, warn)
+            self._log(job, left, warn)
             self._next_log = now + (WARN_EVERY_S if warn else INFO_EVERY_S)
         if now >= self._next_write:
-            self._write(job, warn, now)
+            self._write(job, left, warn, now)
             self._next_write = now + WRITE_EVERY_S
         return warn
 
-    def _log(self, job: Job, warn: bool) -> None:
-        left, limit = job.time_left_s, job.time_limit_s
+    def _log(self, job: Job, left: int | None, warn: bool) -> None:
+        limit = job.time_limit_s
         if left is None:
             logger.info("Head job %s has no time limit", job.job_id)
             return
@@ -79,10 +79,9 @@ class HeadWalltime:
             logger.info("Head job %s: %s left of its time limit %s", job.job_id,
                         fmt_duration(left), lim)
 
-    def _write(self, job: Job, warn: bool, now: float) -> None:
+    def _write(self, job: Job, left: int | None, warn: bool, now: float) -> None:
         if self._path is None:
             return
-        left = job.time_left_s
         try:
             write_json(self._path, {
                 "head_job_id": job.job_id,

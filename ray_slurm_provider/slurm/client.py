@@ -8,7 +8,9 @@ can stand in for any of them.
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -58,11 +60,20 @@ class PermanentSlurmError(SlurmError):
     """Retrying will not help: invalid partition/account/QOS, limits, bad options."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _epoch(stamp: str) -> float | None:
+    """Slurm's local "2026-12-01T19:03:08" as a Unix time (None if it is not one)."""
+    try:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Job:
     """One Slurm job as the provider needs to see it. The CLI client hands out the same
-    object for an unchanged job on every listing and refreshes its `time_left_s` in place
-    (parse.SqueueCache); every other field is fixed."""
+    object for an unchanged job on every listing (parse.SqueueCache), so nothing in it may
+    change by itself: the time left is `left_s()`, from the fixed end time."""
 
     job_id: str
     name: str
@@ -72,7 +83,8 @@ class Job:
     batch_host: str = ""
     node_addr: str = ""  # address of batch_host (filled from the node table)
     time_limit_s: int | None = None  # None: unlimited
-    time_left_s: int | None = None
+    time_left_s: int | None = None  # as listed (REST, pyslurm); see `left_s`
+    end_time: str = ""  # squeue's %e, local time: a running job's expected end
     submit_time: str = ""
     start_time: str = ""
     partition: str = ""
@@ -95,6 +107,18 @@ class Job:
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
+
+    def left_s(self, now: float | None = None) -> int | None:
+        """Seconds of its time limit left: a running job's from its end time, when the
+        listing has one, as of `now` (default: the wall clock); a pending job has its whole
+        limit; otherwise as listed. None: no limit."""
+        if self.end_time and self.state == "RUNNING":
+            end = _epoch(self.end_time)
+            if end is not None:
+                return max(0, int(end - (time.time() if now is None else now)))
+        if self.time_left_s is None and self.state == "PENDING":
+            return self.time_limit_s
+        return self.time_left_s
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,15 @@ from ray_slurm_provider.units import parse_duration
 #: ASCII unit separator: cannot appear in node, partition or (our) job names.
 DELIM = "\x1f"
 
-#: squeue -o fields in output order. The time left (%L) comes first: it is the one field that
-#: changes on every call, so the rest of a line identifies an unchanged job (`SqueueCache`).
-#: The comment (%k) comes last because it is free text and may contain anything, the
-#: delimiter included; it is split off with maxsplit. %i is the job id as users name it
-#: (`123`, or `123_4` for array task 4, which `squeue --array` lists one line per task even
-#: while pending); %A is the numeric job id (each running array task has its own; pending
-#: tasks show the array's).
+#: squeue -o fields in output order. No field changes by itself between calls: the end time
+#: (%e) stands in for the time left (%L, which does), so an unchanged cluster lists the same
+#: text every time and an unchanged job the same line (`SqueueCache`). The comment (%k) comes
+#: last because it is free text and may contain anything, the delimiter included; it is split
+#: off with maxsplit. %i is the job id as users name it (`123`, or `123_4` for array task 4,
+#: which `squeue --array` lists one line per task even while pending); %A is the numeric job
+#: id (each running array task has its own; pending tasks show the array's).
 SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
-    ("time_left", "%L"), ("job_id", "%i"), ("name", "%j"), ("state", "%T"), ("reason", "%r"),
+    ("end_time", "%e"), ("job_id", "%i"), ("name", "%j"), ("state", "%T"), ("reason", "%r"),
     ("nodes", "%N"), ("batch_host", "%B"), ("time_limit", "%l"), ("submit_time", "%V"),
     ("start_time", "%S"), ("partition", "%P"), ("slurm_job_id", "%A"), ("comment", "%k"),
 )
@@ -77,7 +77,7 @@ def parse_squeue(stdout: str, addrs: Mapping[str, str] | None = None) -> list[Jo
                 continue
             raise ValueError(f"squeue line has {len(parts)} fields, expected {n}: {line!r}")
         # In SQUEUE_FIELDS order; the comment is free text and kept as it is.
-        (time_left, job_id, name, state, reason, nodes, batch_host, time_limit, submit_time,
+        (end_time, job_id, name, state, reason, nodes, batch_host, time_limit, submit_time,
          start_time, partition, numeric) = [p.strip() for p in parts[:-1]]
         comment = parts[-1]
         if not job_id or not state:
@@ -92,7 +92,7 @@ def parse_squeue(stdout: str, addrs: Mapping[str, str] | None = None) -> list[Jo
             batch_host=host,
             node_addr=addr(host, "") if host else "",
             time_limit_s=_duration(time_limit),
-            time_left_s=_duration(time_left),
+            end_time="" if end_time in empty else end_time,
             submit_time="" if submit_time in empty else submit_time,
             start_time="" if start_time in empty else start_time,
             partition="" if partition in empty else partition,
@@ -103,38 +103,37 @@ def parse_squeue(stdout: str, addrs: Mapping[str, str] | None = None) -> list[Jo
 
 
 class SqueueCache:
-    """`parse_squeue` for the same listing every few seconds: a line seen on the previous
-    call gives back the same Job object without parsing it again. The time left, squeue's
-    one field that changes by itself, is refreshed IN that object: a new Job per running job
-    per tick cost more than the whole rest of a tick at 10,000 jobs (bench P4), so a Job
-    this cache returned shows the time left as of the latest listing. Not thread-safe: one
-    per calling thread."""
+    """`parse_squeue` for the same listing every few seconds. An unchanged listing gives back
+    the very list of the previous call; an unchanged line the same Job object, without
+    parsing it again (a new Job per job per tick cost more than the rest of a tick at 10,000
+    jobs: bench P4). Callers must not change what it returns. Not thread-safe: one per
+    calling thread."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, tuple[str, Job]] = {}
+        self._text: str | None = None
+        self._out: list[Job] = []
+        self._jobs: dict[str, Job] = {}
         self._addrs: Mapping[str, str] | None = None
         self.fresh: list[Job] = []  # the jobs the last call parsed anew
 
     def parse(self, stdout: str, addrs: Mapping[str, str] | None = None) -> list[Job]:
         if addrs is not self._addrs:  # a new node table: addresses may differ
-            self._jobs, self._addrs = {}, addrs
+            self._text, self._jobs, self._addrs = None, {}, addrs
+        if stdout == self._text:
+            self.fresh = []
+            return self._out
         seen, now, out, fresh = self._jobs, {}, [], []
         for line in stdout.splitlines():
-            left, _, rest = line.partition(DELIM)
-            hit = seen.get(rest)
-            if hit is None:
+            job = seen.get(line)
+            if job is None:
                 parsed = parse_squeue(line, addrs)
                 if not parsed:
                     continue
                 job = parsed[0]
                 fresh.append(job)
-            else:
-                job = hit[1]
-                if hit[0] != left:  # see the class docstring
-                    job.__dict__["time_left_s"] = _duration(left.strip())
-            now[rest] = (left, job)
+            now[line] = job
             out.append(job)
-        self._jobs, self.fresh = now, fresh
+        self._text, self._out, self._jobs, self.fresh = stdout, out, now, fresh
         return out
 
 

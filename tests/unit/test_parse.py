@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -170,7 +171,7 @@ def test_parse_squeue_synthetic_edge_cases() -> None:
                 comment,
             ),
             line(
-                "59:30",
+                "2026-11-29T11:00:01",
                 "8",
                 "ray-x",
                 "RUNNING",
@@ -196,7 +197,11 @@ def test_parse_squeue_synthetic_edge_cases() -> None:
     )
     assert pend.time_limit_s is None and pend.start_time == "" and pend.comment == comment
     assert (run.nodes, run.batch_host, run.reason, run.comment) == ("n2", "n2", "", "")
-    assert (run.time_limit_s, run.time_left_s) == (3600, 3570)
+    assert (run.time_limit_s, run.end_time) == (3600, "2026-11-29T11:00:01")
+    # The time left is counted from the end time (fixed: the same line every listing).
+    end = time.mktime(time.strptime("2026-11-29T11:00:01", "%Y-%m-%dT%H:%M:%S"))
+    assert run.left_s(now=end - 3570) == 3570 and run.left_s(now=end + 5) == 0
+    assert pend.left_s() is None  # unlimited, and not started
 
 
 @pytest.mark.parametrize(
@@ -230,12 +235,14 @@ def test_parse_squeue_recorded() -> None:
         "",
     )
     assert held.comment == '{"cluster": "c1", "note": "a;b c=d"}'
-    assert held.time_limit_s is None and held.time_left_s is None and held.start_time == ""
+    assert held.time_limit_s is None and held.left_s() is None and held.start_time == ""
     assert held.submit_time.startswith("20") and "T" in held.submit_time
     assert jobs["BeginTime"].start_time  # the expected start is known
     run = jobs["RUNNING"]
     assert (run.nodes, run.batch_host, run.partition, run.comment) == ("n2", "n2", "gpu", "running")
-    assert run.time_limit_s == 600 and run.time_left_s is not None and run.time_left_s <= 600
+    assert run.time_limit_s == 600 and run.end_time.startswith("20")
+    left = run.left_s(now=time.mktime(time.strptime(run.start_time, "%Y-%m-%dT%H:%M:%S")))
+    assert left == 600  # recorded: the end time is the start plus the limit
     assert run.running and run.reason == ""
     done = jobs["COMPLETING"]
     assert not done.active and done.batch_host == "n3"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND as KIND
 
 from bench.common import TICK_MARK, is_query, monitor_ticks
@@ -89,16 +90,17 @@ def test_squeue_cache_matches_the_full_parser_across_listings() -> None:
     addrs = {f"n{k}": f"10.0.0.{k}" for k in range(1, 1001)}
     first = cache.parse(listing(50, 0), addrs)
     assert first == parse.parse_squeue(listing(50, 0), addrs) and len(cache.fresh) == 50
-    # The time left changed for every running job: same objects, refreshed, nothing reparsed.
+    # The same listing again (no field changes by itself): the very same list, nothing parsed.
     second = cache.parse(listing(50, 1), addrs)
-    assert second == parse.parse_squeue(listing(50, 1), addrs) and cache.fresh == []
-    assert all(a is b for a, b in zip(first, second, strict=True))
-    # A job that changed state is parsed anew; a job that left is forgotten.
+    assert second is first and cache.fresh == []
+    # A job that changed state is parsed anew; a job that left is forgotten; the others are
+    # the same objects.
     lines = listing(50, 1).splitlines()
     lines[3] = lines[3].replace("RUNNING", "COMPLETING")
     third = cache.parse("\n".join(lines[:-1]) + "\n", addrs)
     assert [j.job_id for j in cache.fresh] == [third[3].job_id] and not third[3].active
-    assert len(third) == 49
+    assert len(third) == 49 and third[0] is first[0]
+    assert third == parse.parse_squeue("\n".join(lines[:-1]) + "\n", addrs)
     # A new node table: addresses may have changed, so everything is parsed again.
     cache.parse(listing(50, 1), dict(addrs))
     assert len(cache.fresh) == 50
@@ -188,3 +190,53 @@ def test_vanished_workers_are_listed_workers_that_left_unless_cancelled_by_us() 
     now = {"5": before["5"]}
     before["6"] = NodeRecord(_job("6", "COMPLETING"), {KIND: "worker"})  # already ending
     assert [j for j, _ in vanished_workers(before, now, gone={"4"})] == ["1", "2"]
+
+
+def test_a_steady_tick_reuses_every_record_and_still_moves_the_heads_time_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 (P4): an unchanged listing (same Job objects: the CLI client's cache) with no
+    tags written, nothing cancelled or created and no worker still setting up is last tick's
+    view; only the head's time left moves."""
+    from ray_slurm_provider.provider import provider as provider_module
+    from ray_slurm_provider.provider.snapshot import take
+    from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
+
+    p, f = make(tmp_path)
+    listed: list[list[Any]] = [[]]
+    real = f.list_jobs
+
+    def stable(name: str) -> list[Any]:
+        """As the CLI client's cache does: an unchanged job is the same Job object."""
+        old = {j.job_id: j for j in listed[-1]}
+        out = [old[j.job_id] if j.job_id in old and old[j.job_id].state == j.state else j
+               for j in real(name)]
+        listed.append(out)
+        return out
+
+    monkeypatch.setattr(f, "list_jobs", stable)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    workers = list(p.create_node({}, WORKER_TAGS, 2))
+    for i in [head, *workers]:
+        f.start(i)
+        p.cluster_dir.node(i).write_ray_up(RayUp(ip="x", job_id=i))
+    first = sorted(p.non_terminated_nodes({}))
+    tags = {i: p.node_tags(i) for i in first}
+    calls: list[int] = []
+    monkeypatch.setattr(provider_module, "take",
+                        lambda *a, **k: calls.append(1) or take(*a, **k))
+    seen: list[str] = []
+    monkeypatch.setattr(p.head_time, "observe", lambda job: seen.append(job.job_id) or False)
+    assert sorted(p.non_terminated_nodes({})) == first
+    assert calls == [] and seen == [head]
+    assert {i: p.node_tags(i) for i in first} == tags
+    # Anything that may change a record takes the full path again: a creation, ...
+    (new,) = p.create_node({}, WORKER_TAGS, 1)
+    assert new in p.non_terminated_nodes({}) and calls == [1]
+    p.non_terminated_nodes({})  # settled: steady again
+    assert calls == [1]
+    # ... a job whose state changed, ...
+    f.finish(workers[0])
+    assert workers[0] not in p.non_terminated_nodes({}) and calls == [1, 1]
+    # ... and a cancellation.
+    p.terminate_node(workers[1])
+    assert workers[1] not in p.non_terminated_nodes({}) and calls == [1, 1, 1]
