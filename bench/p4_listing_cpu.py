@@ -8,7 +8,7 @@ size would have (agent.json and ray.json of every running worker, tags.json of t
 CPU time is `time.process_time()` per call; the node-address table is fetched once (cold)
 and then cached, as in the head's autoscaler.
 
-    .venv/bin/python -m bench.p4_listing_cpu [--jobs 10000] [--repeat 30] [--profile]
+    .venv/bin/python -m bench.p4_listing_cpu [--jobs 10000] [--repeat 30] [--churn] [--profile]
 
 Needs no sandbox.
 """
@@ -53,7 +53,9 @@ def end(i: int, running: bool) -> str:
     return f"2026-11-30T03:{i % 60:02d}:05"
 
 
-def squeue_output(n: int, tick: int = 0) -> str:
+def squeue_output(n: int, tick: int = 0, churn: bool = False) -> str:
+    """The listing at tick `tick`: the same every tick (steady state), or with `churn` one
+    pending job's reason changing every tick (the full path for one changed line)."""
     lines = []
     for i in range(n):
         job_id = str(100000 + i)
@@ -68,7 +70,8 @@ def squeue_output(n: int, tick: int = 0) -> str:
         node = f"n{i % NODES + 1}" if running else ""
         lines.append(DELIM.join([
             end(i, running), job_id, f"ray-{CLUSTER}", "RUNNING" if running else "PENDING",
-            "None" if running else "Resources", node or "", node or "", "2:00:00",
+            "None" if running else ("Priority" if churn and i == 10 and tick % 2 else
+                                    "Resources"), node or "", node or "", "2:00:00",
             "2026-11-30T01:00:00", "2026-11-30T01:00:05" if running else "N/A", "cpu", job_id,
             encode_tags(tags)]))
     return "\n".join(lines) + "\n"
@@ -140,17 +143,20 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--profile", action="store_true", help="print the top of a cProfile")
+    ap.add_argument("--churn", action="store_true",
+                    help="one pending job's reason changes every listing (not steady)")
     ap.add_argument("--name", default="p4", help="result file name (bench/results/NAME.json)")
     args = ap.parse_args()
 
     from ray_slurm_provider.provider.provider import SlurmNodeProvider
 
-    # Three listings whose time-left column differs, as a real squeue's every 5 s.
-    texts, nodes = [squeue_output(args.jobs, t) for t in range(3)], scontrol_nodes(NODES)
+    # Listings in turn: identical (steady state), or one line different each time (--churn).
+    texts = [squeue_output(args.jobs, t, args.churn) for t in range(2)]
+    nodes = scontrol_nodes(NODES)
     text = texts[0]
     fake = FakeRun(texts, nodes)
     res: dict[str, Any] = {"jobs": args.jobs, "nodes": NODES, "squeue_bytes": len(text),
-                           "repeat": args.repeat}
+                           "repeat": args.repeat, "churn": args.churn}
     with mock.patch.object(proc, "run", fake), tempfile.TemporaryDirectory() as tmp:
         client = CliSlurmClient(env={"PATH": "/usr/bin"})
         t0 = time.process_time()
@@ -183,8 +189,8 @@ def main() -> None:
                 tick()
             prof.disable()
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-    res["target_ms"] = 50
-    res["meets_target"] = res["tick"]["median_ms"] <= 50
+    res["target_ms"] = 20  # issue 18: steady state; the first listing's target is 100 ms
+    res["meets_target"] = res["tick"]["median_ms"] <= 20
     save(args.name, res)
 
 
