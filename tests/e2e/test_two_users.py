@@ -114,21 +114,21 @@ def test_workloads_of_both_users_share_nodes(pair: tuple[UserCluster, UserCluste
     def submit(c: UserCluster) -> None:
         out[c.user.name] = c.submit(WORKLOAD, timeout=400)
 
-    tb = threading.Thread(target=submit, args=(b,))
-    tb.start()
+    def start_workload(c: UserCluster) -> threading.Thread:
+        """Submit in the background; return once the user's two worker containers run."""
+        t = threading.Thread(target=submit, args=(c,))
+        t.start()
+        head = str(c.head()["job_id"])
+        wait_for(lambda: len([j for j, uid in containers().values()
+                              if uid == str(c.user.uid) and j != head]) >= 2, 180,
+                 f"{c.user.name}'s two worker containers")
+        return t
+
     # B's two worker containers run before A asks for workers: A's agents then start (and
     # sweep) on nodes where B's containers live.
-    b_head = str(b.head()["job_id"])
-    wait_for(lambda: len([j for j, uid in containers().values()
-                          if uid == str(b.user.uid) and j != b_head]) >= 2, 180,
-             "user B's two worker containers")
+    tb = start_workload(b)
     b_before = {cid for cid, (_, uid) in containers().items() if uid == str(b.user.uid)}
-    ta = threading.Thread(target=submit, args=(a,))
-    ta.start()
-    a_head = str(a.head()["job_id"])
-    wait_for(lambda: len([j for j, uid in containers().values()
-                          if uid == str(a.user.uid) and j != a_head]) >= 2, 180,
-             "user A's two worker containers")
+    ta = start_workload(a)
     # Both users' jobs on one node at the same time, every container owned by its job's user.
     jobs = {j: a.user.uid for j in running(a)} | {j: b.user.uid for j in running(b)}
     where = nodes_of(list(jobs))
