@@ -131,6 +131,13 @@ class CliSlurmClient:
         ])
         with self._addr_lock:
             cached = self._addrs  # replaced, never mutated: safe to read after the lock
+        fetched = not cached and f"{parse.DELIM}RUNNING{parse.DELIM}" in out
+        if fetched:
+            # The first listing with a running job: fetch the node table before parsing, so
+            # each job gets its address as it is built instead of being rebuilt afterwards.
+            self._addresses_for({""})  # "" is never a node: the table is fetched
+            with self._addr_lock:
+                cached = self._addrs
         try:
             cache = getattr(self._listing, "cache", None)
             if cache is None:
@@ -141,7 +148,7 @@ class CliSlurmClient:
         # Addresses came from the cached node table; fetch it only for a host not in it yet
         # (jobs the cache kept were looked up in this same table when first parsed).
         missing = {j.batch_host for j in cache.fresh if j.batch_host and j.batch_host not in cached}
-        if not missing:
+        if not missing or fetched:  # a table fetched just now has no more to tell
             return jobs
         addrs = self._addresses_for(missing)
         return [replace(j, node_addr=addrs.get(j.batch_host, "")) if j.batch_host else j

@@ -122,18 +122,18 @@ class SqueueCache:
         if stdout == self._text:
             self.fresh = []
             return self._out
-        seen, now, out, fresh = self._jobs, {}, [], []
-        for line in stdout.splitlines():
-            job = seen.get(line)
-            if job is None:
-                parsed = parse_squeue(line, addrs)
-                if not parsed:
-                    continue
-                job = parsed[0]
-                fresh.append(job)
-            now[line] = job
-            out.append(job)
-        self._text, self._out, self._jobs, self.fresh = stdout, out, now, fresh
+        seen, now, out = self._jobs, {}, []
+        lines = stdout.splitlines()
+        new = [ln for ln in lines if ln not in seen and ln.strip()]
+        # One parse for all new lines (one Job per non-blank line, or ValueError).
+        parsed = dict(zip(new, parse_squeue("\n".join(new), addrs), strict=True))
+        for line in lines:
+            job = seen.get(line) or parsed.get(line)
+            if job is not None:
+                now[line] = job
+                out.append(job)
+        self._text, self._out, self._jobs = stdout, out, now
+        self.fresh = list(parsed.values())
         return out
 
 

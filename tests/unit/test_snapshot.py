@@ -40,14 +40,19 @@ def test_list_jobs_uses_the_cached_table_and_fetches_it_for_new_hosts() -> None:
     assert fake.calls == {"squeue": 2, "scontrol": 1}
     assert first == second
     assert {j.batch_host: j.node_addr for j in first if j.batch_host}["n3"] == "10.0.0.3"
-    # A host the table does not know (yet) makes every listing fetch it again, as before.
-    fake = FakeRun(squeue_output(40), scontrol_nodes(20))
+    # The first listing with a running job fetches the table before it parses (no job is
+    # rebuilt). A host the table does not know is looked up again when a job line with it
+    # first appears, not on every listing of the same lines.
+    t40, t42 = squeue_output(40), squeue_output(42)
+    fake = FakeRun([t42, t40, t40], scontrol_nodes(20))  # served in turn: t40, t40, t42
     with mock.patch.object(proc, "run", fake):
         client = CliSlurmClient(env={"PATH": "/usr/bin"})
         jobs = [client.list_jobs("ray-p4") for _ in range(2)][-1]
-    assert fake.calls == {"squeue": 2, "scontrol": 2}
-    by_host = {j.batch_host: j.node_addr for j in jobs if j.batch_host}
-    assert all(bool(addr) == (int(host[1:]) <= 20) for host, addr in by_host.items())
+        assert fake.calls == {"squeue": 2, "scontrol": 1}
+        by_host = {j.batch_host: j.node_addr for j in jobs if j.batch_host}
+        assert all(bool(addr) == (int(host[1:]) <= 20) for host, addr in by_host.items())
+        client.list_jobs("ray-p4")  # job 41, running on n42, is new: the table is asked again
+    assert fake.calls == {"squeue": 3, "scontrol": 2}
 
 
 def test_decode_tags_returns_a_fresh_dict_each_time() -> None:
