@@ -109,12 +109,15 @@ class HeadAgent(Agent):
     def run_oneshot(self, req: StartRequest) -> None:
         """`ray-slurm sbatch`: run the entrypoint as a Ray job, then stop Ray (the job ends)."""
         head = self.cdir.read_head()
-        if head is None:
-            log("ERROR: Ray is up but head.json is missing; the one-shot cannot run")
-            code = oneshot.CLUSTER_FAILED
-        else:
-            code = oneshot.run_entrypoint(self.cdir, head, self.spec.auth_mode, req,
-                                          sys.stdout, log, lambda: self.terminating)
+        code = oneshot.CLUSTER_FAILED
+        try:  # whatever happens here, Ray is stopped below: the job must end with it
+            if head is None:
+                log("ERROR: Ray is up but head.json is missing; the one-shot cannot run")
+            else:
+                code = oneshot.run_entrypoint(self.cdir, head, self.spec.auth_mode, req,
+                                              sys.stdout, log, lambda: self.terminating)
+        except Exception as e:  # Ray refused the job (a working dir it cannot upload, ...)
+            log(f"ERROR: the one-shot entrypoint could not run: {type(e).__name__}: {e}")
         self.oneshot_code = code
         child = self.child
         if child is not None and child.poll() is None:

@@ -60,11 +60,14 @@ class Plan:
     reuse: bool = False
 
 
-def _add_options(p: argparse.ArgumentParser, defaults: bool = True) -> None:
+def _add_options(p: argparse.ArgumentParser, defaults: bool = True, run: bool = True) -> None:
+    """The options of `run` (`run=False`: only those `sbatch` shares with it)."""
     d: Any = argparse.SUPPRESS if not defaults else None
     p.add_argument("--working-dir", default=d, help="uploaded as the job's working dir")
     p.add_argument("--runtime-env-json", default=d, metavar="JSON",
                    help="the job's runtime_env, as JSON (merged with --working-dir)")
+    if not run:
+        return
     p.add_argument("--no-down", action="store_true", default=argparse.SUPPRESS if not defaults
                    else False, help="leave the cluster up afterwards")
     p.add_argument("--reuse", action="store_true", default=argparse.SUPPRESS if not defaults
@@ -72,7 +75,7 @@ def _add_options(p: argparse.ArgumentParser, defaults: bool = True) -> None:
                    "(it is then left up)")
 
 
-def plan(args: argparse.Namespace) -> Plan:
+def plan(args: argparse.Namespace, run: bool = True) -> Plan:
     """Check the request; CliError (nothing submitted) when it cannot run."""
     rest = list(args.rest)
     if "--" not in rest:
@@ -84,7 +87,7 @@ def plan(args: argparse.Namespace) -> Plan:
         rest = ["--", *rest]
     i = rest.index("--")
     opts = argparse.ArgumentParser(prog="ray-slurm run", add_help=False)
-    _add_options(opts, defaults=False)
+    _add_options(opts, defaults=False, run=run)
     try:
         late = opts.parse_args(rest[:i])
     except SystemExit as e:

@@ -111,7 +111,7 @@ def submit(cluster: Cluster, p: Plan, provider_cls: Any = None) -> str:
 def cmd_sbatch(args: argparse.Namespace) -> int:
     try:
         args.no_down, args.reuse = False, False
-        p = plan(args)
+        p = plan(args, run=False)
         cluster = load_cluster(p.config)
         try:
             up = running_head(cluster)

@@ -79,19 +79,23 @@ def test_sbatch_refuses_a_cluster_that_is_up_and_submits_nothing(
     assert f"is already up (head job {head})" in capsys.readouterr().err
     assert main(["sbatch", str(c.path)]) == 2
     assert "no entrypoint" in capsys.readouterr().err
+    # `run`'s own options mean nothing to a one-shot cluster: refused, not ignored.
+    assert main(["sbatch", str(c.path), "--reuse", "--", "python", "x.py"]) == 2
+    assert "unknown options before `--`: --reuse" in capsys.readouterr().err
 
 
 class RayChild:
     """`ray start --block`: says Ray started, then blocks until it gets a signal."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit_s: float = 30) -> None:
         self.stopped = threading.Event()
-        self.pid = 0
+        self.signalled = False  # stopped by the agent, not by `limit_s` running out
+        self.pid, self.limit_s = 0, limit_s
 
     @property
     def stdout(self) -> Any:
         yield "Ray runtime started.\n"
-        self.stopped.wait(30)
+        self.stopped.wait(self.limit_s)
 
     def poll(self) -> int | None:
         return 0 if self.stopped.is_set() else None
@@ -100,6 +104,7 @@ class RayChild:
         return 0
 
     def send_signal(self, sig: int) -> None:
+        self.signalled = True
         self.stopped.set()
 
     def kill(self) -> None:
@@ -173,3 +178,30 @@ def test_follow_streams_the_output_and_returns_the_final_status() -> None:
     info = oneshot.follow(Client(), "j", out, sleep=lambda s: None, check=answered.append)
     assert info.driver_exit_code == 5 and answered == [True, False, True]
     assert out.getvalue() == "line 1\nline 2\n"
+
+
+def test_a_failing_submission_still_ends_the_one_shot_head(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on review: an exception in the one-shot thread (Ray refusing the submission, a
+    working dir it cannot upload) left Ray, and so the head job and its cluster, running."""
+    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"))
+    fake = FakeSlurm()
+    head_id = fake.submit(JobSpec(job_name="ray-c1", command=["x"]))
+    fake.start(head_id)
+    a = HeadAgent(spec, {"SLURM_JOB_ID": head_id, "HOME": str(tmp_path)})
+    a.slurm = fake
+    a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
+                                    entrypoint=["python", "train.py"]))
+    ray = RayChild(limit_s=10)
+    monkeypatch.setattr(proc, "start", lambda argv, env=None: ray)
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.2")
+    monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
+
+    class Refusing:
+        def submit_job(self, **kw: Any) -> str:
+            raise RuntimeError("working_dir upload failed")
+
+    monkeypatch.setattr(oneshot, "job_client", lambda *a: Refusing())
+    assert a.main() == oneshot.CLUSTER_FAILED
+    assert ray.signalled  # the agent stopped Ray itself: the job ends now, not at walltime
