@@ -96,6 +96,9 @@ def provider_run(c: Cluster, poll: float, timeout: float) -> dict[str, Any]:
             tick = time.time()
             if probe.token is None:
                 probe.token = c.token()
+            info = c.cdir.read_head()
+            if info:  # the head takes the next free block when one of its ports is taken
+                probe.gcs_port, probe.dash_port = info.gcs_port, info.dashboard_port
             answered = probe.poll(c.squeue())
             if p.poll() is not None:
                 probe.mark("ray_up_exit")
@@ -119,6 +122,9 @@ def provider_run(c: Cluster, poll: float, timeout: float) -> dict[str, Any]:
     head = c.head()
     res: dict[str, Any] = {**probe.times, "job_id": head["job_id"]}
     res.update(agent_times(c.cdir.log(str(head["job_id"])), t0))
+    started = ray_started_at(c.cdir.log(str(head["job_id"])), t0)
+    if started is not None:
+        res["ray_started"] = started
     return res
 
 
@@ -137,6 +143,25 @@ def agent_times(log_path: Path, t0: float) -> dict[str, float]:
             out.setdefault("agent_" + ("start" if m.group(2) == "starting:" else "up"),
                            round(t - t0, 1))
     return out
+
+
+def ray_started_at(log_path: Path, t0: float, wait_s: float = 0.0) -> float | None:
+    """Seconds after t0 at which `ray start` logged "Ray runtime started." (Ray's own line,
+    with milliseconds: the raylet has registered, which is when `ray start` returns)."""
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            text = log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\s.*Ray runtime started",
+                      text, re.M)
+        if m:
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+            return round(t + int(m.group(2)) / 1000 - t0, 3)
+        if time.time() >= deadline:
+            return None
+        time.sleep(0.2)
 
 
 def agent_start_line(c: Cluster, job_id: str) -> list[str]:
@@ -176,8 +201,10 @@ def raw_script(argv: list[str], c: Cluster) -> str:
 
 
 def raw_run(c: Cluster, script: str, poll: float, timeout: float) -> dict[str, Any]:
-    ports = port_block(c.name)
-    probe = Probe(time.time(), ports.gcs, ports.dashboard, c.token())
+    # The raw head binds the ports of the provider's `ray start` line it copies.
+    gcs, dash = (int(re.search(rf"--{k}=(\d+)", script).group(1))  # type: ignore[union-attr]
+                 for k in ("port", "dashboard-port"))
+    probe = Probe(time.time(), gcs, dash, c.token())
     job = sbatch(script, "--partition=cpu", "--cpus-per-task=1", "--mem=1500M",
                  "--time=8:00:00", "--job-name=bench-raw-head",
                  f"--output={WORK / c.name / 'raw-%j.out'}")
@@ -188,6 +215,10 @@ def raw_run(c: Cluster, script: str, poll: float, timeout: float) -> dict[str, A
             if probe.poll(squeue(job_ids=[job])):
                 break
             time.sleep(max(0.0, poll - (time.time() - tick)))
+        # `ray start` returns once the raylet registers, after the dashboard answers.
+        started = ray_started_at(WORK / c.name / f"raw-{job}.out", probe.t0, wait_s=30)
+        if started is not None:
+            probe.times["ray_started"] = started
     finally:
         scancel([job])
         gone = wait_gone(None, [job])
@@ -232,6 +263,9 @@ def main() -> None:
                     wait_gone(c.job_name, [j["id"] for j in c.squeue()])
                     continue
                 job = str(r["job_id"])
+                t = time.time()  # the bound: Ray's CLI start-up, which `ray up` pays first
+                subprocess.run([RAY, "--version"], capture_output=True, check=True)
+                r["ray_cli_s"] = round(time.time() - t, 3)
                 if script is None:
                     script = raw_script(agent_start_line(c, job), c)
                     (WORK / cname / "raw-head.sbatch").write_text(script)
@@ -263,6 +297,14 @@ def main() -> None:
         "provider_gcs_s": summary([r["gcs"] for r in runs["provider"]]),
         "raw_gcs_s": summary([r["gcs"] for r in runs["raw"]]),
         "ratio_answer": round(prov["median"] / raw["median"], 3),
+        # P1b: `ray up` exit / raw answer; and the same against raw `ray start` returning.
+        "ratio_exit_answer": round(summary([r["ray_up_exit"] for r in runs["provider"]])[
+            "median"] / raw["median"], 3),
+        "ray_cli_s": summary([r["ray_cli_s"] for r in runs["provider"]]),
+        "raw_ray_started_s": summary([r["ray_started"] for r in runs["raw"]
+                                      if "ray_started" in r]),
+        "provider_ray_started_s": summary([r["ray_started"] for r in runs["provider"]
+                                           if "ray_started" in r]),
         "ratio_gcs": round(summary([r["gcs"] for r in runs["provider"]])["median"]
                            / summary([r["gcs"] for r in runs["raw"]])["median"], 3),
         "target_ratio": 1.10,

@@ -62,8 +62,12 @@ def port_block(cluster_name: str, base: int | None = None, user: str | None = No
 
 
 def can_bind(host: str, port: int) -> bool:
-    """Whether a listener could take host:port now (Ray binds the node's address)."""
+    """Whether a listener could take host:port now (Ray binds the node's address). Like Ray's
+    servers it sets SO_REUSEADDR, so a port the last head left in TIME_WAIT counts as free
+    (without it a `ray up` right after `ray down` moved to another block); a listener still
+    makes it taken."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:

@@ -111,7 +111,7 @@ class SrunCommandRunner(CommandRunnerInterface):
                       f"{fmt_duration(int(now - start))} of {fmt_duration(int(wait_s))} "
                       "(provider.head_wait_s)", flush=True)
                 next_note = now + 60.0
-            self._sleep(0.2)
+            self._sleep(handoff.poll_interval(now - start))
         else:
             return
         what = self.provider.describe_job(self.node_id)
@@ -228,6 +228,10 @@ class SrunCommandRunner(CommandRunnerInterface):
                  with_output: bool, in_container: bool = False) -> Any:
         probe = shell_cmd.strip() == "uptime"  # Ray's readiness probe
         self._check_alive(wait_s=timeout if probe else 0.0, queued_head=probe and self._head())
+        if probe and not exit_on_fail and not with_output:
+            # Ray's readiness test: the agent in the batch step is the node being up; an srun
+            # step would only add its own start-up to `ray up`. (`ray exec` sets exit_on_fail.)
+            return 0
         pty = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
         argv = self.srun_argv(shell_cmd, pty=pty, in_container=in_container)
         try:

@@ -51,6 +51,18 @@ def test_commands_run_as_a_step_of_the_nodes_job(tmp_path: Path,
     assert calls[1][-1] == """export A='{"x":1}'; echo hi"""
 
 
+def test_rays_readiness_test_is_answered_by_the_agent_without_a_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 (P1b): Ray's updater runs `uptime` only to see that the node is up; the agent
+    in the batch step already says so, and an srun step added its start-up to `ray up`.
+    `ray exec CONFIG uptime` (exit_on_fail) still runs on the node."""
+    r, calls = runner(tmp_path, monkeypatch)
+    assert r.run("uptime", timeout=10, run_env="host") == 0
+    assert calls == []
+    r.run("uptime", exit_on_fail=True)
+    assert calls and calls[0][-3:] == ["bash", "-c", "uptime"]
+
+
 def test_step_env_drops_the_callers_job_variables(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     r, _ = runner(tmp_path, monkeypatch)

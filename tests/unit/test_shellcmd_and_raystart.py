@@ -246,3 +246,24 @@ def test_a_block_with_any_port_taken_is_skipped_unless_pinned() -> None:
         free_block("127.0.0.3", first, pinned=True, can_bind=lambda h, p: p not in taken)
     last = PortBlock(31990)  # the search wraps around the range
     assert free_block("h", last, pinned=False, can_bind=lambda h, p: p < 31990).base == 24000
+
+
+def test_a_port_left_in_time_wait_by_the_last_head_is_free() -> None:
+    """A head that stopped a moment ago leaves its ports in TIME_WAIT; Ray's servers bind
+    them again (SO_REUSEADDR), so the next head keeps its block instead of moving."""
+    import socket
+
+    from ray_slurm_provider.ports import can_bind
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = server.accept()
+    conn.close()  # the server side closes first: its end of the pair goes to TIME_WAIT
+    client.close()
+    assert not can_bind("127.0.0.1", port)  # still listening: taken
+    server.close()
+    assert can_bind("127.0.0.1", port)
