@@ -87,6 +87,10 @@ def ray_start_argv(
         # request, and the type's slot, for 10 minutes before asking again (seen on the
         # sandbox); two minutes still outlast a slurmctld restart.
         run_env.setdefault("RAY_AUTOSCALER_RECONCILE_REQUEST_STATUS_TIMEOUT_S", "120")
+        # Ray splits a launch of k nodes of a type into create calls of at most 5 nodes
+        # (its default, sized for cloud APIs); here one call is one `sbatch --array`, so a
+        # burst of k is one RPC instead of k/5 (bench P5).
+        run_env.setdefault("AUTOSCALER_MAX_LAUNCH_BATCH", "1000")
     for k, v in prog.exports.items():
         run_env[k] = _expand(v, run_env)
     if spec.labels:

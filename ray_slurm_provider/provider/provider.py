@@ -64,6 +64,7 @@ from ray_slurm_provider.provider.submit import (
     last_log_line,
     submit_nodes,
 )
+from ray_slurm_provider.provider.teardown import TeardownHooks, wait_ended
 from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
@@ -72,7 +73,7 @@ from ray_slurm_provider.state import ClusterDir
 logger = logging.getLogger(__name__)
 
 
-class SlurmNodeProvider(ConfigHooks, NodeProvider):
+class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
     #: Longer than Slurm takes to end a cancelled job (KillWait, 30 s by default, plus epilog).
     GONE_TTL_S = 120.0
 
@@ -84,7 +85,7 @@ class SlurmNodeProvider(ConfigHooks, NodeProvider):
         # outlives its scancel must show up again). Created -> listings started by then.
         self._gone: dict[str, float] = {}
         self._born: dict[str, int] = {}
-        self._listings, self._clock = 0, time.monotonic
+        self._listings, self._clock, self._sleep = 0, time.monotonic, time.sleep
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
         try:
@@ -268,14 +269,14 @@ class SlurmNodeProvider(ConfigHooks, NodeProvider):
 
     # --- terminating -------------------------------------------------------------------
     def terminate_node(self, node_id: str) -> dict[str, Any] | None:
-        self.terminate_nodes([node_id])
-        return None
+        return self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
         ids = [str(i) for i in node_ids]
         if not ids:
             return None
-        if any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids):
+        down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids)
+        if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         self.slurm.cancel(ids)  # one call; jobs already gone are fine; errors raise
         with self._lock:
@@ -285,6 +286,9 @@ class SlurmNodeProvider(ConfigHooks, NodeProvider):
                 self._gone[i] = now
         self.cluster_dir.forget(ids)
         logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
+        if down:  # `ray down`: done once Slurm has ended them (teardown.py)
+            wait_ended(lambda: self.slurm.list_jobs(job_name(self.cluster_name)), ids,
+                       clock=self._clock, sleep=self._sleep)
         return None
 
     def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
@@ -293,8 +297,4 @@ class SlurmNodeProvider(ConfigHooks, NodeProvider):
         from ray_slurm_provider.provider.runner import SrunCommandRunner
 
         return SrunCommandRunner(self, node_id, log_prefix)
-
-    def cleanup_cluster_resources(self) -> None:
-        """After `ray down`: forget every node's state (the token and logs stay)."""
-        self.cluster_dir.forget(self.cluster_dir.known_nodes())
         self.cluster_dir.clear_head()

@@ -163,6 +163,14 @@ def test_head_start_gets_port_block_and_cluster_bootstrap(tmp_path: Path) -> Non
     # DOWN) left v2's launch request waiting 10 minutes, with the type's slot taken.
     assert renv["RAY_AUTOSCALER_RECONCILE_REQUEST_STATUS_TIMEOUT_S"] == "120"
     assert renv["RAY_AUTH_MODE"] == "disabled"
+    # Issue 18 (P5): Ray hands a launch of k nodes of a type over in create calls of <= 5
+    # nodes; each call is one sbatch, so the head asks for k at once (one job array).
+    assert renv["AUTOSCALER_MAX_LAUNCH_BATCH"] == "1000"
+    _, renv = ray_start_argv(_spec("head", auth_mode="disabled"), prog,
+                             env={"AUTOSCALER_MAX_LAUNCH_BATCH": "7"}, job_id="5",
+                             node_ip="127.0.0.2", head_ip="127.0.0.2", temp_dir="/tmp/rsp-5",
+                             cluster_dir=cdir)
+    assert renv["AUTOSCALER_MAX_LAUNCH_BATCH"] == "7"  # the user's own setting wins
 
 
 def test_port_blocks_differ_per_cluster_and_are_stable() -> None:

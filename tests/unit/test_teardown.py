@@ -37,6 +37,84 @@ def test_cancelling_the_head_marks_a_teardown_and_is_one_scancel(tmp_path: Path)
     assert not p.cluster_dir.teardown_marked()
 
 
+def test_ray_down_returns_once_slurm_has_ended_the_jobs(tmp_path: Path) -> None:
+    """Issue 18 (P6): `ray down` returned before the jobs ended (their processes and
+    containers lived on for seconds), and then slept Ray's 5 s anyway. Cancelling the head
+    now waits until Slurm lists none of the jobs, COMPLETING included, with an injected
+    clock; scaling down (no head) never waits."""
+    from tests.fakes import FakeClock
+
+    p, f = make(tmp_path)
+    clock = FakeClock()
+    p._clock = clock.now
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    workers = list(p.create_node({}, WORKER_TAGS, 2))
+    for i, job in enumerate([head, *workers]):
+        f.start(job, f"n{i + 1}")
+    p.non_terminated_nodes({})
+    real_cancel, naps = f.cancel, []
+
+    def cancel(ids: list[str]) -> None:  # Slurm: COMPLETING while the agents stop Ray
+        real_cancel(ids)
+        for i in ids:
+            f.set_state(i, "COMPLETING")
+
+    def nap(s: float) -> None:
+        naps.append(s)
+        clock.advance(s)
+        if len(naps) == 3:
+            for i in (head, *workers):
+                f.set_state(i, "CANCELLED")
+
+    f.cancel, p._sleep = cancel, nap  # type: ignore[method-assign]
+    p.terminate_nodes(workers[:1])  # the autoscaler scaling down: no wait
+    assert naps == []
+    p.terminate_nodes([head, workers[1]])
+    assert len(naps) == 3 and f.calls["list_jobs"] >= 4
+    assert p.non_terminated_nodes({}) == []
+
+
+def test_the_wait_for_the_jobs_to_end_is_bounded_and_outlasts_slurm_errors() -> None:
+    from ray_slurm_provider.provider.teardown import wait_ended
+    from ray_slurm_provider.slurm.client import Job, TransientSlurmError
+    from tests.fakes import FakeClock
+
+    clock = FakeClock()
+    answers: list[Exception | list[Job]] = [
+        TransientSlurmError("squeue: error: Socket timed out", "Socket timed out", "squeue"),
+        [Job(job_id="7", name="ray-c", state="COMPLETING")], []]
+    def listing() -> list[Job]:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    assert wait_ended(listing, ["7", "8"], clock=clock.now, sleep=clock.advance) == []
+    stuck = [Job(job_id="7", name="ray-c", state="COMPLETING")]
+    left = wait_ended(lambda: stuck, ["7"], timeout=60, clock=clock.now, sleep=clock.advance)
+    assert left == ["7"]
+
+
+def test_ray_downs_five_second_sleep_is_shortened_only_where_ray_has_it() -> None:
+    """Ray's teardown loop sleeps `commands.POLL_INTERVAL` after each terminate call; if a
+    Ray release renames or moves it, this test says so (the shortening then does nothing)."""
+    import inspect
+
+    from ray.autoscaler._private import commands
+
+    from ray_slurm_provider.provider import teardown
+
+    assert "time.sleep(POLL_INTERVAL)" in inspect.getsource(commands.teardown_cluster)
+    saved = commands.POLL_INTERVAL
+    try:
+        assert saved == teardown.RAY_DOWN_POLL_S
+        assert teardown.shorten_ray_down_poll()
+        assert commands.POLL_INTERVAL == teardown.SHORT_POLL_S
+        assert not teardown.shorten_ray_down_poll()  # once; a value Ray did not set stays
+    finally:
+        commands.POLL_INTERVAL = saved
+
+
 class Child:
     pid = 4242
     last: Child | None = None

@@ -1,0 +1,76 @@
+"""`ray down`: it returns once Slurm has ended the cluster's jobs, not 5 s later.
+
+Ray's teardown loop (`ray down`) calls `terminate_nodes` with every node, sleeps its
+`POLL_INTERVAL` (5 s) and lists again until nothing is left. Here, when the head is among the
+nodes, `terminate_nodes` returns only once Slurm lists none of the cancelled jobs, COMPLETING
+included (their agents have stopped Ray and removed their containers), or after
+`END_WAIT_S`; Ray's sleep would then only delay the exit, so it is shortened for this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ray_slurm_provider.slurm.client import Job, SlurmError
+from ray_slurm_provider.state import ClusterDir
+
+logger = logging.getLogger(__name__)
+
+RAY_DOWN_POLL_S = 5  # commands.POLL_INTERVAL in Ray 2.60, slept after every terminate_nodes
+SHORT_POLL_S = 0.1
+END_WAIT_S = 60.0  # more than Slurm's KillWait (30 s by default) plus an epilog
+LIST_EVERY_S = 0.5
+
+
+def shorten_ray_down_poll() -> bool:
+    """Make Ray's `ray down` loop list again after SHORT_POLL_S; whether it did. Only Ray's
+    own value is replaced: a Ray that changed it is left alone (and the unit test says so)."""
+    commands = sys.modules.get("ray.autoscaler._private.commands")
+    if commands is None or getattr(commands, "POLL_INTERVAL", None) != RAY_DOWN_POLL_S:
+        return False
+    commands.POLL_INTERVAL = SHORT_POLL_S  # type: ignore[attr-defined]
+    return True
+
+
+def wait_ended(list_jobs: Callable[[], list[Job]], ids: Iterable[str], *,
+               timeout: float = END_WAIT_S, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Wait until Slurm lists none of `ids`; return those still listed at `timeout`. A
+    listing Slurm cannot answer says nothing: the wait goes on, within the timeout."""
+    left = set(ids)
+    deadline = clock() + timeout
+    while left:
+        try:
+            left &= {j.job_id for j in list_jobs()}
+        except SlurmError as e:
+            logger.info("Slurm did not answer while the jobs end (%s)", e.slurm_message)
+        if not left or clock() >= deadline:
+            break
+        sleep(LIST_EVERY_S)
+    if left:
+        logger.warning("Slurm jobs %s are still ending after %.0f s", ", ".join(sorted(left)),
+                       timeout)
+    return sorted(left)
+
+
+class TeardownHooks:
+    """The NodeProvider hooks only `ray down` calls (SlurmNodeProvider inherits them)."""
+
+    cluster_dir: ClusterDir
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        raise NotImplementedError
+
+    def nodes_for_teardown(self, tag_filters: dict[str, str]) -> list[str]:
+        """Slurm lists every job of the cluster, so this is the listing; called by `ray down`
+        alone, it is where Ray's 5 s sleep after each terminate call is shortened."""
+        shorten_ray_down_poll()
+        return self.non_terminated_nodes(tag_filters)
+
+    def cleanup_cluster_resources(self) -> Any:
+        """After `ray down`: forget every node's state (the token and logs stay)."""
+        self.cluster_dir.forget(self.cluster_dir.known_nodes())
