@@ -246,13 +246,22 @@ def job_processes(job_ids: Iterable[str]) -> dict[str, set[int]]:
 
 def job_pss_kb(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Per job: PSS (kB), process count and CPU seconds used so far (utime + stime of the live
-    processes and of the children they waited for) of its processes (`job_processes`)."""
+    processes and of the children they waited for) of its processes (`job_processes`); and
+    the RSS and PSS of its node agent (M1)."""
     hz = os.sysconf("SC_CLK_TCK")
     res: dict[str, dict[str, Any]] = {}
     for job, pids in job_processes(job_ids).items():
         r = res[job] = {"pss_kb": 0, "procs": len(pids), "cpu_s": 0.0}
         for pid in pids:
             r["pss_kb"] += pss_kb(pid)
+            try:
+                # The agent itself, not `python -m ray_slurm_provider.agent.probe`.
+                cmd = (PROC / str(pid) / "cmdline").read_bytes()
+                agent = b"-m\0ray_slurm_provider.agent\0" in cmd
+            except OSError:
+                agent = False
+            if agent:
+                r["agent_rss_kb"], r["agent_pss_kb"] = pss_kb(pid, "Rss"), pss_kb(pid)
             try:
                 r["cpu_s"] += sum(int(x) for x in stat_fields(pid)[11:15]) / hz
             except (OSError, IndexError, ValueError):

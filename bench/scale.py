@@ -311,6 +311,9 @@ class Scale:
                                                    f"{SANDBOX_DIR}/etc/slurm.conf")]
         res = {"head_pss_mb": round(pss.get(head, {}).get("pss_kb", 0) / 1024, 1),
                "worker_pss_mb": summary(workers) if workers else None,
+               # M1: the node agent alone (the provider's process in every job)
+               "agent_rss_mb": summary([v.get("agent_rss_kb", 0) / 1024 for v in pss.values()]),
+               "agent_pss_mb": summary([v.get("agent_pss_kb", 0) / 1024 for v in pss.values()]),
                "worker_procs": summary([v["procs"] for j, v in pss.items() if j != head]),
                "worker_cpu_s": summary([v["cpu_s"] for j, v in pss.items() if j != head]),
                "head_cpu_s": round(pss.get(head, {}).get("cpu_s", 0.0), 1),

@@ -157,6 +157,10 @@ class Agent:
         head = self.cdir.read_head()
         return self.cdir.teardown_marked() or (head.job_id if head else None) != self.head_job
 
+    def stopping(self) -> bool:
+        """`terminating`, read again: the terminator thread sets it at any moment."""
+        return self.terminating
+
     def run_ray(self, argv: list[str], env: dict[str, str], on_started: Any) -> int:
         """Run `ray start --block`; stream its output; call on_started once Ray is up."""
         if self.container is not None:
@@ -165,7 +169,7 @@ class Agent:
             raise Stopping("told to stop before Ray started")
         log("starting: " + " ".join(argv))
         self.child = proc.start(argv, env=env)
-        if self.terminating:  # the TERM came while it started: on_term saw no child yet
+        if self.stopping():  # the TERM came while it started: on_term saw no child yet
             self.child.send_signal(signal.SIGTERM)
         assert self.child.stdout is not None
         for line in self.child.stdout:
@@ -184,7 +188,7 @@ class Agent:
             log(f"running: {c}")
             # Started, not run: a TERM meanwhile ends it (on_term), not Slurm's SIGKILL later.
             step = self.step = proc.start(["bash", "-c", c], env=env)
-            if self.terminating:  # the TERM came while it started: on_term saw no step yet
+            if self.stopping():  # the TERM came while it started: on_term saw no step yet
                 proc.kill_tree(step.pid, signal.SIGTERM)
             limit = threading.Timer(SETUP_TIMEOUT_S, step.kill)
             limit.start()

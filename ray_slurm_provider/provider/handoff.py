@@ -64,8 +64,9 @@ def wait_started(ndir: NodeDir, req_id: str, *, timeout: float, node_id: str, lo
                  job_gone: Callable[[], bool]) -> None:
     """Wait for the agent's answer to `req_id`; raise the runner's error if Ray failed or did
     not come up. `job_gone` (asks Slurm) is called every QUERY_EVERY_S."""
-    deadline = time.monotonic() + timeout
-    next_query = time.monotonic() + QUERY_EVERY_S
+    start = time.monotonic()
+    deadline = start + timeout
+    next_query = start + QUERY_EVERY_S
     while time.monotonic() < deadline:
         res = ndir.read_result()
         if res and res.id == req_id:
@@ -77,7 +78,7 @@ def wait_started(ndir: NodeDir, req_id: str, *, timeout: float, node_id: str, lo
             next_query = time.monotonic() + QUERY_EVERY_S
             if job_gone():
                 break
-        time.sleep(POLL_S)
+        time.sleep(poll_interval(time.monotonic() - start))
     raise runner_error(f"Ray did not come up in job {node_id} (log: {log})", 1, "ray start")
 
 

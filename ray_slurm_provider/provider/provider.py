@@ -297,4 +297,3 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         from ray_slurm_provider.provider.runner import SrunCommandRunner
 
         return SrunCommandRunner(self, node_id, log_prefix)
-        self.cluster_dir.clear_head()

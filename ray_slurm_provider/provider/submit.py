@@ -91,6 +91,7 @@ class LaunchGuard:
 
     def __init__(self, errors_path: Path | None, clock: Callable[[], float] = time.time) -> None:
         self.arrays_refused = False  # the site said no to a job array: single jobs
+        self.max_array = 1 << 30  # the largest array to try: halved when Slurm refuses one
         self._path = errors_path
         self._clock = clock
         self._lock = threading.Lock()
@@ -251,16 +252,23 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
                  tags: dict[str, str], node_type: str, head: bool, count: int) -> list[str]:
     """`count` nodes of one type. On a back end that submits arrays (the CLI), ONE
     `sbatch --array` for all of them: each task is a node of its own, id `<array>_<task>`,
-    logging to `<array>_<task>.out`. Elsewhere (REST, pyslurm), and on a site that refuses
-    arrays (asked once), one job per node. A single node is always a plain job."""
+    logging to `<array>_<task>.out`. An array Slurm refuses (larger than the site's
+    MaxArraySize) is halved until it is taken, and later arrays keep that size. Elsewhere
+    (REST, pyslurm), and on a site that refuses even an array of 2, one job per node. A
+    single node is always a plain job."""
+    ids: list[str] = []
     if count > 1 and isinstance(slurm, ArraySubmitter) and not guard.arrays_refused:
-        output = spec.output.replace("%j", "%A_%a") if spec.output else None
-        try:
-            return guarded_submit(slurm, guard, strays, replace(spec, output=output), tags,
-                                  node_type, head, count)
-        except ArraysRefused as e:
-            guard.arrays_refused = True
-            logger.warning("Slurm refuses job arrays (%s): submitting one job per node",
-                           e.slurm_message)
-    return [job_id for _ in range(count)
-            for job_id in guarded_submit(slurm, guard, strays, spec, tags, node_type, head)]
+        aspec = replace(spec, output=spec.output.replace("%j", "%A_%a") if spec.output else None)
+        while count - len(ids) > 1 and not guard.arrays_refused:
+            n = min(count - len(ids), guard.max_array)
+            try:
+                ids += guarded_submit(slurm, guard, strays, aspec, tags, node_type, head, n)
+            except ArraysRefused as e:
+                if n > 2:  # bigger than the site's MaxArraySize, say: halve, keep that size
+                    guard.max_array = (n + 1) // 2
+                    continue
+                guard.arrays_refused = True
+                logger.warning("Slurm refuses job arrays (%s): submitting one job per node",
+                               e.slurm_message)
+    return ids + [job_id for _ in range(count - len(ids))
+                  for job_id in guarded_submit(slurm, guard, strays, spec, tags, node_type, head)]

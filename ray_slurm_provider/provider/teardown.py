@@ -72,5 +72,7 @@ class TeardownHooks:
         return self.non_terminated_nodes(tag_filters)
 
     def cleanup_cluster_resources(self) -> Any:
-        """After `ray down`: forget every node's state (the token and logs stay)."""
+        """After `ray down`: forget every node's state and the head's address (the token and
+        logs stay); a head.json its agent could not remove would name a dead head."""
         self.cluster_dir.forget(self.cluster_dir.known_nodes())
+        self.cluster_dir.clear_head()

@@ -37,11 +37,12 @@ def stat_fields(pid: int | str) -> list[str]:
     return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
 
 
-def pss_kb(pid: int | str) -> int:
-    """Proportional set size (kB) of a process; 0 when it is gone or not ours to read."""
+def pss_kb(pid: int | str, field: str = "Pss") -> int:
+    """Proportional set size (kB) of a process, or another field of its smaps_rollup (`Rss`);
+    0 when it is gone or not ours to read."""
     try:
         for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         pass

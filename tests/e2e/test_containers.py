@@ -131,4 +131,4 @@ def test_down_leaves_no_container(cluster: RayCluster) -> None:
     wait_for(lambda: containers(cluster) == {}, 30, "no container of the cluster",
              every=0.2)
     TIMINGS[f"{cluster.name}: ray down -> no container"] = time.monotonic() - t0
-    assert cluster.jobs() == [] or all(s == "COMPLETING" for _, s in cluster.jobs())
+    assert cluster.jobs() == []  # `ray down` returned once Slurm had ended them (issue 18)

@@ -238,7 +238,8 @@ def test_second_cluster_runs_beside_the_first(cluster: RayCluster,
 def test_down_leaves_nothing(cluster: RayCluster) -> None:
     ids = [j for j, _ in cluster.jobs()]
     TIMINGS["ray down"] = cluster.down()
-    wait_for(lambda: squeue(f"ray-{cluster.name}") == [], 60, "jobs to leave squeue")
+    # Issue 18 (P6): `ray down` returns once Slurm has ended every job (COMPLETING included).
+    assert squeue(f"ray-{cluster.name}") == []
     wait_for(lambda: ray_pids_of(ids) == [], 60, "Ray processes of the cluster to exit")
     assert not cluster.cdir.head_file.exists()
     # Issue 14.19: the head's log is what one needs after `ray down` (or a crash).

@@ -250,6 +250,37 @@ def test_a_site_that_refuses_arrays_gets_single_jobs_without_a_back_off(tmp_path
     first = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 3, {"CPU": 1}, {})
     second = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 2, {"CPU": 1}, {})
     assert len(first) == 3 and len(second) == 2 and all("_" not in j for j in [*first, *second])
-    assert f.calls["submit_array"] == 1  # asked once; single jobs from then on
+    # Asked until an array of 2 was refused too (3, then 2); single jobs from then on.
+    assert f.calls["submit_array"] == 2
     assert not (p.cluster_dir.root / "errors.json").exists() or \
         "cpu_worker" not in json.loads((p.cluster_dir.root / "errors.json").read_text())
+
+
+def test_arrays_over_the_sites_max_array_size_are_split_not_given_up(tmp_path: Path) -> None:
+    """Issue 18 (P5): the head hands over whole launches (up to 1000 nodes); a site whose
+    MaxArraySize is smaller refuses such an array. The provider halves the array until Slurm
+    takes it and keeps that size, instead of falling back to one job per node."""
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
+    from ray_slurm_provider.slurm.client import PermanentSlurmError
+    from tests.unit.test_provider import WORKER_TAGS
+
+    class MaxArraySize(FakeSlurm):
+        def submit_array(self, spec: Any, count: int, *, comment: str = "") -> list[str]:
+            if count > 100:
+                self.calls["refused_array"] += 1
+                raise PermanentSlurmError(
+                    "sbatch failed", "sbatch: error: Batch job submission failed: Invalid job "
+                    "array specification", "sbatch")
+            return super().submit_array(spec, count, comment=comment)
+
+    p = SlurmNodeProvider({"type": "external", "state_dir": str(tmp_path / "state"),
+                           "python": "/py"}, "c1")
+    f = MaxArraySize()
+    p._client = f
+    first = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 256, {"CPU": 1}, {})
+    assert len(first) == 256 and len(set(first)) == 256 and all("_" in j for j in first)
+    assert f.calls["refused_array"] == 2 and f.calls["submit_array"] == 4  # 256, 128; 4 x 64
+    second = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 100, {"CPU": 1}, {})
+    assert len(second) == 100 and f.calls["refused_array"] == 2  # 64 + 36: no refusal again
+    assert f.calls["submit"] == 0 and not p.guard.arrays_refused
+    assert set(p.non_terminated_nodes({})) == {*first, *second}

@@ -95,6 +95,32 @@ def test_the_wait_for_the_jobs_to_end_is_bounded_and_outlasts_slurm_errors() -> 
     assert left == ["7"]
 
 
+def test_ray_down_ends_with_no_head_and_no_node_state(tmp_path: Path) -> None:
+    """`cleanup_cluster_resources` (the last step of `ray down`): a head.json its agent could
+    not remove (killed after KillWait, its node dead) must not name a dead head afterwards."""
+    p, _ = make(tmp_path)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    p.cluster_dir.write_head(HeadInfo(job_id=head, ip="127.0.0.2", gcs_port=25000))
+    p.set_node_tags(head, {"ray-node-status": "up-to-date"})
+    p.terminate_nodes([head])
+    p.cleanup_cluster_resources()
+    assert p.cluster_dir.read_head() is None and p.cluster_dir.known_nodes() == []
+
+
+def test_ray_downs_listing_shortens_rays_five_second_sleep(tmp_path: Path) -> None:
+    from ray.autoscaler._private import commands
+
+    from ray_slurm_provider.provider import teardown
+
+    p, _ = make(tmp_path)
+    saved = commands.POLL_INTERVAL
+    try:
+        assert p.nodes_for_teardown({}) == []
+        assert commands.POLL_INTERVAL == teardown.SHORT_POLL_S
+    finally:
+        commands.POLL_INTERVAL = saved
+
+
 def test_ray_downs_five_second_sleep_is_shortened_only_where_ray_has_it() -> None:
     """Ray's teardown loop sleeps `commands.POLL_INTERVAL` after each terminate call; if a
     Ray release renames or moves it, this test says so (the shortening then does nothing)."""
