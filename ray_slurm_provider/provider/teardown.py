@@ -2,9 +2,10 @@
 
 Ray's teardown loop (`ray down`) calls `terminate_nodes` with every node, sleeps its
 `POLL_INTERVAL` (5 s) and lists again until nothing is left. Here, when the head is among the
-nodes, `terminate_nodes` returns only once Slurm lists none of the cancelled jobs, COMPLETING
-included (their agents have stopped Ray and removed their containers), or after
-`END_WAIT_S`; Ray's sleep would then only delay the exit, so it is shortened for this process.
+nodes, `terminate_nodes` returns only once Slurm lists none of the cancelled jobs and none of
+the cluster's jobs is COMPLETING (their agents have stopped Ray and removed their containers),
+or after `END_WAIT_S`. Ray's sleep would then only delay the exit, so it is shortened for this
+process.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ def shorten_ray_down_poll() -> bool:
 def wait_ended(list_jobs: Callable[[], list[Job]], ids: Iterable[str], *,
                timeout: float = END_WAIT_S, clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> list[str]:
-    """Wait until Slurm lists none of `ids`; return those still listed at `timeout`. A
-    listing Slurm cannot answer says nothing: the wait goes on, within the timeout."""
-    left = set(ids)
+    """Wait until Slurm lists none of `ids` and none of the cluster's jobs is COMPLETING (a
+    worker that ended on its own when the head's Ray stopped, the first step of `ray down`,
+    was never handed to terminate_nodes); return those still listed at `timeout`. A listing
+    Slurm cannot answer says nothing: the wait goes on, within the timeout."""
+    wanted = set(ids)
+    left = set(wanted)
     deadline = clock() + timeout
     while left:
         try:
-            left &= {j.job_id for j in list_jobs()}
+            left = {j.job_id for j in list_jobs() if j.job_id in wanted or not j.active}
         except SlurmError as e:
             logger.info("Slurm did not answer while the jobs end (%s)", e.slurm_message)
         if not left or clock() >= deadline:
