@@ -64,7 +64,7 @@ from ray_slurm_provider.provider.submit import (
     last_log_line,
     submit_nodes,
 )
-from ray_slurm_provider.provider.teardown import TeardownHooks, wait_ended
+from ray_slurm_provider.provider.teardown import TeardownHooks
 from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
@@ -287,8 +287,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         self.cluster_dir.forget(ids)
         logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
-            wait_ended(lambda: self.slurm.list_jobs(job_name(self.cluster_name)), ids,
-                       clock=self._clock, sleep=self._sleep)
+            self.wait_for_jobs_to_end(ids)
         return None
 
     def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],

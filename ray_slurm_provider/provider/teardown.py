@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ray_slurm_provider.slurm.client import Job, SlurmError
+from ray_slurm_provider.jobs import job_name
+from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.state import ClusterDir
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def wait_ended(list_jobs: Callable[[], list[Job]], ids: Iterable[str], *,
     wanted = set(ids)
     left = set(wanted)
     deadline = clock() + timeout
-    while left:
+    while True:  # at least one listing, also with no ids (`ray down`'s cleanup)
         try:
             left = {j.job_id for j in list_jobs() if j.job_id in wanted or not j.active}
         except SlurmError as e:
@@ -65,9 +66,20 @@ class TeardownHooks:
     """The NodeProvider hooks only `ray down` calls (SlurmNodeProvider inherits them)."""
 
     cluster_dir: ClusterDir
+    cluster_name: str
+    _clock: Callable[[], float]
+    _sleep: Callable[[float], None]
+
+    @property
+    def slurm(self) -> SlurmClient:
+        raise NotImplementedError
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         raise NotImplementedError
+
+    def wait_for_jobs_to_end(self, ids: Iterable[str]) -> list[str]:
+        return wait_ended(lambda: self.slurm.list_jobs(job_name(self.cluster_name)), ids,
+                          clock=self._clock, sleep=self._sleep)
 
     def nodes_for_teardown(self, tag_filters: dict[str, str]) -> list[str]:
         """Slurm lists every job of the cluster, so this is the listing; called by `ray down`
@@ -76,7 +88,11 @@ class TeardownHooks:
         return self.non_terminated_nodes(tag_filters)
 
     def cleanup_cluster_resources(self) -> Any:
-        """After `ray down`: forget every node's state and the head's address (the token and
-        logs stay); a head.json its agent could not remove would name a dead head."""
+        """After `ray down`: wait until no job of the cluster is COMPLETING (one whose head
+        was cancelled before Ray's teardown listed it, as seen with a container head, was
+        never waited for in terminate_nodes), then forget every node's state and the head's
+        address (the token and logs stay); a head.json its agent could not remove would name
+        a dead head."""
+        self.wait_for_jobs_to_end([])
         self.cluster_dir.forget(self.cluster_dir.known_nodes())
         self.cluster_dir.clear_head()

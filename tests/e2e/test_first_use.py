@@ -57,7 +57,7 @@ def test_the_readme_typed_steps_work_as_typed(sandbox: object) -> None:
     assert cp.returncode == 0, out[-4000:]
     assert "command not found" not in out
     assert "task 3 ran on Ray node" in out  # examples/hello.py, on autoscaled workers
-    assert squeue("ray-sandbox") == []
+    assert squeue("ray-sandbox") == [], out[-3000:]
 
 
 @pytest.fixture

@@ -105,6 +105,34 @@ def test_the_wait_for_the_jobs_to_end_is_bounded_and_outlasts_slurm_errors() -> 
     assert left == ["7"]
 
 
+def test_ray_down_waits_for_a_head_that_was_cancelled_before_its_teardown_listed_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on the sandbox with a podman head: Ray's teardown listed no node at all (the head
+    was already going), so terminate_nodes never ran, and `ray down` returned with the head
+    job COMPLETING. Its cleanup now waits for the cluster's COMPLETING jobs too."""
+    from ray.autoscaler._private import commands
+
+    from tests.fakes import FakeClock
+
+    monkeypatch.setattr(commands, "POLL_INTERVAL", commands.POLL_INTERVAL)  # restored after
+    p, f = make(tmp_path)
+    clock = FakeClock()
+    naps: list[float] = []
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    f.start(head, "n1")
+    f.set_state(head, "COMPLETING")
+
+    def nap(s: float) -> None:
+        naps.append(s)
+        clock.advance(s)
+        f.set_state(head, "CANCELLED")
+
+    p._clock, p._sleep = clock.now, nap
+    assert p.nodes_for_teardown({}) == []  # a COMPLETING job is no node: nothing to cancel
+    p.cleanup_cluster_resources()
+    assert len(naps) == 1 and f.list_jobs("ray-c1") == []
+
+
 def test_ray_down_ends_with_no_head_and_no_node_state(tmp_path: Path) -> None:
     """`cleanup_cluster_resources` (the last step of `ray down`): a head.json its agent could
     not remove (killed after KillWait, its node dead) must not name a dead head afterwards."""
