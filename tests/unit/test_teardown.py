@@ -168,7 +168,7 @@ def test_ray_downs_five_second_sleep_is_shortened_only_where_ray_has_it() -> Non
 
     from ray_slurm_provider.provider import teardown
 
-    assert "time.sleep(POLL_INTERVAL)" in inspect.getsource(commands.teardown_cluster)
+    assert "sleep(POLL_INTERVAL)" in inspect.getsource(commands.teardown_cluster)
     saved = commands.POLL_INTERVAL
     try:
         assert saved == teardown.RAY_DOWN_POLL_S
