@@ -42,6 +42,11 @@ _AGENT, _RAY, _START, _RESULT, _STOP = "agent.json", "ray.json", "start.json", "
 _TAGS, _HEAD, _TEARDOWN = "tags.json", "head.json", "teardown"
 
 
+def poll_interval(waited_s: float) -> float:
+    """Hand-off polling: fast while the other side likely waits (it adds to `ray up`)."""
+    return 0.05 if waited_s < 30.0 else 0.5
+
+
 def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
     """Atomic write: readers on other nodes never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from ray_slurm_provider.agent import oneshot
 from ray_slurm_provider.agent.agent import Agent, Stopping, log
 from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.slurm.client import SlurmError
-from ray_slurm_provider.state import StartRequest, StartResult
+from ray_slurm_provider.state import StartRequest, StartResult, poll_interval
 
 
 def wait_port_free(host: str, port: int, timeout: float) -> None:
@@ -80,8 +80,7 @@ class HeadAgent(Agent):
             req = self.ndir.read_start()
             if req and req.id != handled:
                 return req
-            # `ray up` is usually waiting on the other side: each sleep here is added to it.
-            time.sleep(0.05 if time.monotonic() - start < 60 else 0.5)
+            time.sleep(poll_interval(time.monotonic() - start))
         return None
 
     def watch(self, req_id: str) -> None:

@@ -23,18 +23,9 @@ from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 
 from ray_slurm_provider import shellcmd
 from ray_slurm_provider.jobs import temp_dir
-from ray_slurm_provider.state import ClusterDir, NodeDir, StartRequest
+from ray_slurm_provider.state import ClusterDir, NodeDir, StartRequest, poll_interval
 
 QUERY_EVERY_S = 5.0  # how often a waiting `ray up` asks whether the job still exists
-#: How often the two sides look for each other's file while `ray up` waits: a local stat and
-#: a small read, where each 0.5 s of sleep was up to 0.5 s more of `ray up` (issue 18, P1b).
-POLL_S = 0.05
-SLOW_POLL_S = 0.5  # after FAST_FOR_S of waiting: a queued job, or a head between two `ray up`s
-FAST_FOR_S = 30.0
-
-
-def poll_interval(waited_s: float) -> float:
-    return POLL_S if waited_s < FAST_FOR_S else SLOW_POLL_S
 
 
 def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:

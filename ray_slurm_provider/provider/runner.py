@@ -34,7 +34,7 @@ from ray_slurm_provider.provider.forward import forward_all
 from ray_slurm_provider.provider.handoff import runner_error
 from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
 from ray_slurm_provider.slurm.client import TransientSlurmError
-from ray_slurm_provider.state import ClusterDir
+from ray_slurm_provider.state import ClusterDir, poll_interval
 from ray_slurm_provider.units import fmt_duration
 
 DEFAULT_DASHBOARD_PORT = 8265
@@ -111,7 +111,7 @@ class SrunCommandRunner(CommandRunnerInterface):
                       f"{fmt_duration(int(now - start))} of {fmt_duration(int(wait_s))} "
                       "(provider.head_wait_s)", flush=True)
                 next_note = now + 60.0
-            self._sleep(handoff.poll_interval(now - start))
+            self._sleep(poll_interval(now - start))
         else:
             return
         what = self.provider.describe_job(self.node_id)
