@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, daemons
+from ray_slurm_provider.sandbox import config, daemons, roots
 from ray_slurm_provider.sandbox.core import STATE_DIR_ENV, Sandbox
 from ray_slurm_provider.sandbox.procs import SandboxError
 
@@ -36,6 +36,14 @@ def register(sub: Any) -> None:
                     help="also create N throwaway Unix users (rsp-u1..) with homes under the "
                     "state dir, who submit through the sandbox's munge and, with --docker, "
                     "use its dockerd through the group rsp-sbx; `down` deletes them")
+    up.add_argument("--slurm", default=roots.HOST_RELEASE, choices=tuple(roots.RELEASES),
+                    help=f"Slurm release (default {roots.HOST_RELEASE}, the host's packages; "
+                    "newer ones run from a Debian root debootstrapped once into "
+                    f"${roots.CACHE_ENV} or {roots.DEFAULT_CACHE})")
+    up.add_argument("--accounting", action="store_true",
+                    help="also run slurmdbd on a private MariaDB with an account tree, the "
+                    "users as associations, QOSes normal/high/scavenger/limited (high "
+                    "preempts scavenger; limited: 2 jobs per user) and typed GPUs")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -86,14 +94,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         sb = Sandbox(args.state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                      cpus_per_node=args.cpus_per_node,
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
-                     port_offset=args.port_offset, users=args.users)
+                     port_offset=args.port_offset, users=args.users, slurm=args.slurm,
+                     accounting=args.accounting)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:
         return _fail("up", e)
     spec = sb.spec
     last = config.node_addr(spec.nodes)
-    print(f"# Slurm sandbox up in {time.monotonic() - t0:.1f}s: {spec.nodes} node(s) "
+    print(f"# Slurm {spec.slurm} sandbox up in {time.monotonic() - t0:.1f}s: {spec.nodes} node(s) "
           f"{config.hostlist(spec.nodes)} on 127.0.0.2..{last}, {spec.cpus_per_node} CPUs, "
           f"{spec.memory_mb_per_node} MB, {spec.gpus_per_node} fake GPU(s) each; "
           f"state in {sb.state_dir}")
@@ -121,7 +130,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not st.daemons:
         print(f"no sandbox at {st.state_dir}")
         return 1
-    print(f"sandbox at {st.state_dir}: {'running' if st.running else 'NOT fully running'}")
+    print(f"sandbox at {st.state_dir}: {'running' if st.running else 'NOT fully running'}"
+          f"; Slurm {st.slurm}")
     width = max(len(n) for n in st.daemons)
     for name, pid in st.daemons.items():
         print(f"  {name:<{width}}  {pid if pid is not None else '-- not running'}")

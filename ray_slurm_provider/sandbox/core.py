@@ -10,7 +10,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ray_slurm_provider.sandbox import config, daemons, files, prereq, probes, users
+from ray_slurm_provider.sandbox import (
+    bringup,
+    config,
+    daemons,
+    files,
+    prereq,
+    probes,
+    roots,
+    users,
+)
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import (
@@ -43,6 +52,7 @@ class SandboxStatus:
     state_dir: str
     daemons: dict[str, int | None] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)  # "n1" -> "idle", "mix", "down*", ...
+    slurm: str = ""  # the release it was brought up with
 
     @property
     def running(self) -> bool:
@@ -62,11 +72,13 @@ class Sandbox:
 
     def __init__(self, state_dir: str | None = None, nodes: int = 3, gpus_per_node: int = 2,
                  cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
-                 docker: bool = False, *, port_offset: int = 0, users: int = 0) -> None:
+                 docker: bool = False, *, port_offset: int = 0, users: int = 0,
+                 slurm: str = roots.HOST_RELEASE, accounting: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
-                                port_offset=port_offset, users=users)
+                                port_offset=port_offset, users=users, slurm=slurm,
+                                accounting=accounting)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -81,7 +93,8 @@ class Sandbox:
         return cls(layout.root, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
                    cpus_per_node=spec.cpus_per_node,
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
-                   port_offset=spec.port_offset, users=spec.users)
+                   port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
+                   accounting=spec.accounting)
 
     @property
     def state_dir(self) -> str:
@@ -105,6 +118,8 @@ class Sandbox:
         }
         if self.spec.docker:
             env["DOCKER_HOST"] = self.layout.docker_host
+        if self.spec.in_root:  # the release's client commands come first
+            env["PATH"] = os.pathsep.join([self.layout.bin_dir, os.environ.get("PATH", "")])
         return env
 
     # -- up ---------------------------------------------------------------------------------
@@ -116,7 +131,13 @@ class Sandbox:
         healthy sandbox starts nothing.
         """
         prereq.check_root()
-        prereq.ensure_packages(self.spec.docker, install)
+        prereq.ensure_packages(self.spec.docker, install, root=self.spec.in_root,
+                               accounting=self.spec.accounting)
+        if self.spec.in_root:  # before the lock: a first build takes minutes
+            roots.ensure_root(self.spec.slurm)
+        elif (host := roots.host_release()) != self.spec.slurm:
+            raise SandboxError(f"this machine's Slurm is {host}, not {self.spec.slurm}; "
+                               f"choose --slurm {host} or one of {', '.join(roots.RELEASES)}")
         if os.path.isdir(self.state_dir) and not files.looks_like_sandbox(self.layout):
             raise SandboxError(f"{self.state_dir} exists and is not a sandbox state dir "
                                "(no sandbox.json); choose an empty or new directory")
@@ -129,7 +150,8 @@ class Sandbox:
             files.prepare(self.layout, self.spec)
             users.ensure(self.layout, self.spec.users, self.spec.port_offset)  # before dockerd
             self._forget_unknown()
-            self._start_missing()
+            bringup.start_missing(self.layout, self.spec, self._registry,
+                                  self._alive_entries(), [u.name for u in self.users()])
             daemons.ensure_token(self.layout, self.spec)
             files.write_env_sh(self.layout, self.env())
         return self.env()
@@ -146,47 +168,6 @@ class Sandbox:
                                        f"this sandbox's shape; run `down` first")
                 self._registry.forget(name)
 
-    def _start_missing(self) -> None:
-        alive = self._alive_entries()
-        names = [n for n in daemons.daemon_names(self.spec) if n not in alive]
-        started: dict[str, Entry] = {}
-        if "dockerd" in names:  # slowest to start: let it come up while Slurm does
-            started["dockerd"] = daemons.start("dockerd", self.layout, self.spec, self._registry)
-        for name in ("munged", "slurmctld"):
-            if name in names:
-                started[name] = daemons.start(name, self.layout, self.spec, self._registry)
-                daemons.wait_ready(name, self.layout, self.spec, started[name])
-        slurmds = [n for n in names if n.startswith("slurmd:")]
-        for name in slurmds:
-            started[name] = daemons.start(name, self.layout, self.spec, self._registry)
-        self._wait_nodes({n: started.get(n) or alive[n] for n in
-                          daemons.daemon_names(self.spec) if n.startswith("slurmd:")})
-        if "slurmrestd" in names:
-            started["slurmrestd"] = daemons.start("slurmrestd", self.layout, self.spec,
-                                                  self._registry)
-            daemons.wait_ready("slurmrestd", self.layout, self.spec, started["slurmrestd"])
-        if "dockerd" in started:
-            daemons.wait_ready("dockerd", self.layout, self.spec, started["dockerd"])
-
-    def _wait_nodes(self, slurmds: dict[str, Entry]) -> None:
-        env = daemons.client_env(self.layout)
-        states: dict[str, str] = {}
-
-        def all_ready() -> bool:
-            nonlocal states
-            for name, entry in slurmds.items():
-                if not is_ours(entry):
-                    raise SandboxError(f"{name} (pid {entry.pid}) exited during startup\n"
-                                       + daemons.describe_failure(name, self.layout))
-            states = probes.node_states(env)
-            return all(probes.node_ready(states.get(n.split(":", 1)[1], "unk"))
-                       for n in slurmds)
-
-        probes.wait_until(all_ready, max(60.0, 2.0 * len(slurmds)),
-                          "the nodes to be idle in sinfo",
-                          lambda: f"node states: {states}\n"
-                          + daemons.describe_failure("slurmctld", self.layout))
-
     # -- status / single daemons --------------------------------------------------------------
 
     def status(self) -> SandboxStatus:
@@ -201,7 +182,7 @@ class Sandbox:
             pids[name] = entry.pid if entry is not None and is_ours(entry) else None
         nodes = (probes.node_states(daemons.client_env(self.layout))
                  if pids.get("slurmctld") is not None else {})
-        return SandboxStatus(self.state_dir, pids, nodes)
+        return SandboxStatus(self.state_dir, pids, nodes, spec.slurm)
 
     def stop_daemon(self, name: str) -> None:
         """Stop one daemon (e.g. "slurmctld", "slurmrestd", "slurmd:n2") by its pid and wait
@@ -228,8 +209,8 @@ class Sandbox:
             if name == "slurmctld" or name.startswith("slurmd:"):
                 # A restarted controller shows nodes "unk" until their slurmd re-registers.
                 entries = self._registry.load()
-                self._wait_nodes({n: e for n, e in entries.items()
-                                  if n.startswith("slurmd:") and is_ours(e)})
+                bringup.wait_nodes(self.layout, {n: e for n, e in entries.items()
+                                                 if n.startswith("slurmd:") and is_ours(e)})
 
     def _saved_spec(self) -> SandboxSpec:
         spec = files.read_spec(self.layout)

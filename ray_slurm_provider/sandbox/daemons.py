@@ -15,7 +15,7 @@ import shutil
 import socket
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, files, probes, users
+from ray_slurm_provider.sandbox import accounting, config, files, probes, roots, users
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import (
@@ -23,6 +23,7 @@ from ray_slurm_provider.sandbox.procs import (
     Entry,
     Registry,
     SandboxError,
+    cmdline,
     exists,
     owned_processes,
 )
@@ -34,7 +35,7 @@ _SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
 def daemon_names(spec: SandboxSpec) -> list[str]:
     """All daemons of a sandbox, in start order."""
-    names = ["munged", "slurmctld"]
+    names = ["munged", *(["mariadb", "slurmdbd"] if spec.accounting else []), "slurmctld"]
     names += [f"slurmd:{config.node_name(k)}" for k in range(1, spec.nodes + 1)]
     names.append("slurmrestd")
     if spec.docker:
@@ -42,7 +43,13 @@ def daemon_names(spec: SandboxSpec) -> list[str]:
     return names
 
 
-def _binary(name: str) -> str:
+def _binary(name: str, spec: SandboxSpec | None = None) -> str:
+    if spec is not None and spec.in_root and name not in ("dockerd", "mariadbd"):
+        inside = f"/usr/sbin/{name}"
+        if not os.path.exists(roots.root_dir(spec.slurm) + inside):
+            raise SandboxError(f"{name}: not in the Slurm {spec.slurm} root "
+                               f"{roots.root_dir(spec.slurm)}")
+        return inside
     path = os.environ.get("PATH", "/usr/bin:/bin")
     found = shutil.which(name, path=":".join([path, *_SBIN]))
     if found is None:
@@ -62,22 +69,32 @@ def argv_for(name: str, layout: Layout, spec: SandboxSpec) -> list[str]:
     """The command line that starts daemon `name` in the foreground."""
     conf = layout.slurm_conf
     if name == "munged":
-        return [_binary("munged"), "--foreground",
+        return [_binary("munged", spec), "--foreground",
                 f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
                 f"--pid-file={layout.run_dir}/munged.pid",
                 f"--log-file={layout.log_dir}/munged.log",
                 f"--seed-file={layout.munge_dir}/munged.seed"]
     if name == "slurmctld":
-        return [_binary("slurmctld"), "-D", "-f", conf]
+        return [_binary("slurmctld", spec), "-D", "-f", conf]
+    if name == "mariadb" and spec.accounting:
+        return accounting.mariadbd_argv(_binary("mariadbd"), layout, spec.port_offset)
+    if name == "slurmdbd" and spec.accounting:  # reads slurmdbd.conf next to SLURM_CONF
+        return [_binary("slurmdbd", spec), "-D"]
     if name.startswith("slurmd:"):
         node = name.split(":", 1)[1]
         if node not in {config.node_name(k) for k in range(1, spec.nodes + 1)}:
             raise SandboxError(f"no node {node!r} in this sandbox (n1..n{spec.nodes})")
-        return [_binary("slurmd"), "-D", "-N", node, "-f", conf]
+        return [_binary("slurmd", spec), "-D", "-N", node, "-f", conf]
     if name == "slurmrestd":
-        return [_binary("slurmrestd"), "-f", conf, "-u", "nobody", "-g", _nogroup(),
-                "-a", "rest_auth/jwt", "-s", f"openapi/{probes.REST_VERSION}",
-                f"{config.REST_HOST}:{spec.rest_port}"]
+        # 22.05 names an API version; later releases name the plugin and serve every
+        # version their data parsers know.
+        plugin = ("openapi/slurmctld" if spec.in_root
+                  else f"openapi/{roots.rest_version(spec.slurm)}")
+        # 26.05 cannot resolve the name "nobody" ("Unable to resolve user"); its ids work.
+        user = ["-u", "65534", "-g", "65534"] if spec.in_root else ["-u", "nobody", "-g",
+                                                                    _nogroup()]
+        return [_binary("slurmrestd", spec), "-f", conf, *user,
+                "-a", "rest_auth/jwt", "-s", plugin, f"{config.REST_HOST}:{spec.rest_port}"]
     if name == "dockerd" and spec.docker:
         d = layout.docker_dir
         # With throwaway users, the socket belongs to their group (a site's docker group).
@@ -92,9 +109,10 @@ def argv_for(name: str, layout: Layout, spec: SandboxSpec) -> list[str]:
 def client_env(layout: Layout) -> dict[str, str]:
     """Environment for the Slurm commands the sandbox runs itself (never SLURM_JWT)."""
     path = os.environ.get("PATH", "/usr/bin:/bin")
+    first = [layout.bin_dir] if os.path.isdir(layout.bin_dir) else []  # a release in a root
     return proc.clean_env(drop_prefixes=("SLURM_",),
                           extra={"SLURM_CONF": layout.slurm_conf,
-                                 "PATH": ":".join([path, *_SBIN])})
+                                 "PATH": ":".join([*first, path, *_SBIN])})
 
 
 def daemon_env(name: str, layout: Layout) -> dict[str, str]:
@@ -118,9 +136,18 @@ def start(name: str, layout: Layout, spec: SandboxSpec, registry: Registry) -> E
             with open(daemon_json, "w") as f:
                 f.write("{}\n")
     _check_port_free(name, spec)
-    pid = proc.spawn(argv, env=daemon_env(name, layout), log_path=layout.log(name))
+    spawn = argv
+    if spec.in_root and name not in ("dockerd", "mariadb"):
+        spawn = ["unshare", "--mount", "--propagation", "private", "/bin/sh",
+                 layout.enter_script, "daemon", "/", *argv]
+    pid = proc.spawn(spawn, env=daemon_env(name, layout), log_path=layout.log(name))
     entry = Entry(pid, tuple(argv))
     registry.record(name, entry)
+    if spawn is not argv:
+        # The pid becomes the daemon once the entry script has built its root and exec'd.
+        probes.wait_until(lambda: cmdline(pid) == entry.argv or not exists(pid), 30.0,
+                          f"{name} to enter the Slurm {spec.slurm} root",
+                          lambda: describe_failure(name, layout))
     return entry
 
 
@@ -129,6 +156,10 @@ def _port_of(name: str, spec: SandboxSpec) -> int | None:
         return spec.ctld_port
     if name == "slurmrestd":
         return spec.rest_port
+    if name == "slurmdbd":
+        return accounting.DBD_PORT + spec.port_offset
+    if name == "mariadb":
+        return accounting.DB_PORT + spec.port_offset
     if name.startswith("slurmd:n"):
         return config.node_port(int(name.split(":n", 1)[1]), spec.port_offset)
     return None
@@ -144,11 +175,11 @@ def _check_port_free(name: str, spec: SandboxSpec) -> None:
         )
 
 
-def _munge_answers(layout: Layout) -> bool:
+def _socket_answers(path: str) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(2)
         try:
-            s.connect(layout.munge_socket)
+            s.connect(path)
         except OSError:
             return False
     return True
@@ -157,7 +188,11 @@ def _munge_answers(layout: Layout) -> bool:
 def is_ready(name: str, layout: Layout, spec: SandboxSpec) -> bool:
     """True once daemon `name` serves requests."""
     if name == "munged":
-        return _munge_answers(layout)
+        return _socket_answers(layout.munge_socket)
+    if name == "mariadb":
+        return _socket_answers(accounting.db_socket(layout))
+    if name == "slurmdbd":
+        return _port_of(name, spec) in probes.listening_tcp_ports()
     if name == "slurmctld":
         return probes.controller_up(client_env(layout))
     if name.startswith("slurmd:"):
@@ -166,7 +201,7 @@ def is_ready(name: str, layout: Layout, spec: SandboxSpec) -> bool:
         return (port in probes.listening_tcp_ports()
                 and probes.node_ready(probes.node_states(client_env(layout)).get(node, "unk")))
     if name == "slurmrestd":
-        return probes.rest_status(spec.rest_url, None) is not None
+        return _rest_status(spec, None) is not None
     if name == "dockerd":
         return probes.docker_up(layout.docker_socket)
     raise SandboxError(f"unknown daemon {name!r}")
@@ -175,7 +210,7 @@ def is_ready(name: str, layout: Layout, spec: SandboxSpec) -> bool:
 def log_paths(name: str, layout: Layout) -> list[str]:
     """The daemon's own log file(s), for error messages."""
     paths = [layout.log(name)]
-    if name in ("slurmctld", "munged"):
+    if name in ("slurmctld", "munged", "slurmdbd", "mariadb"):
         paths.append(os.path.join(layout.log_dir, f"{name}.log"))
     elif name.startswith("slurmd:"):
         paths.append(os.path.join(layout.log_dir, f"slurmd-{name.split(':', 1)[1]}.log"))
@@ -199,15 +234,19 @@ def wait_ready(name: str, layout: Layout, spec: SandboxSpec, entry: Entry,
                       lambda: describe_failure(name, layout))
 
 
+def _rest_status(spec: SandboxSpec, token: str | None) -> int | None:
+    return probes.rest_status(spec.rest_url, token, roots.rest_version(spec.slurm))
+
+
 def ensure_token(layout: Layout, spec: SandboxSpec) -> None:
     """Make sure the token file holds a JWT that slurmrestd accepts (issue one if not)."""
     token = files.read_token(layout)
-    if token is None or probes.rest_status(spec.rest_url, token) == 401:
+    if token is None or _rest_status(spec, token) == 401:
         token = _new_token(layout)
     last: list[int | None] = [None]
 
     def answers() -> bool:
-        last[0] = probes.rest_status(spec.rest_url, token)
+        last[0] = _rest_status(spec, token)
         return last[0] == 200
 
     probes.wait_until(answers, 30.0, "slurmrestd to accept the JWT",

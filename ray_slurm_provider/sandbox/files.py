@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config
+from ray_slurm_provider.sandbox import accounting, config, roots
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import SandboxError
@@ -92,6 +92,24 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
     if spec.docker:
         _mkdir(layout.docker_dir, 0o711)
         _write_if_changed(layout.epilog, config.render_epilog(layout), 0o755)
+    if spec.in_root:
+        _prepare_root_entry(layout, spec)
+    if spec.accounting:
+        _mkdir(accounting.db_dir(layout), 0o700)
+        conf = accounting.render_dbd_conf(layout, spec.port_offset, accounting.password(layout))
+        _write_if_changed(accounting.dbd_conf(layout), conf, 0o600)
+        accounting.init_db(layout, "mariadb-install-db")
+
+
+def _prepare_root_entry(layout: Layout, spec: SandboxSpec) -> None:
+    """The entry script and client wrappers of a release that lives in a root."""
+    _write_if_changed(layout.cgroup_conf, config.render_cgroup_conf(), 0o644)
+    enter = roots.render_enter(roots.root_dir(spec.slurm), roots.host_binds(layout.root))
+    _write_if_changed(layout.enter_script, enter, 0o755)
+    _mkdir(layout.bin_dir, 0o755)
+    for command in roots.CLIENTS:
+        _write_if_changed(os.path.join(layout.bin_dir, command),
+                          roots.render_client(layout.enter_script, command), 0o755)
 
 
 def _check_reachable(root: str) -> None:

@@ -2,6 +2,7 @@
 
     <state>/sandbox.json  pids.json  lock  env.sh  jwt.token (0600)
             etc/slurm.conf gres.conf epilog.sh     (world-readable: slurmrestd runs as nobody)
+            etc/enter.sh cgroup.conf bin/<client>  with a release in a root (roots.py)
             munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
             fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
             users.json  home/<user>/ (0700)  shared/ (0755)      with --users N
@@ -99,7 +100,20 @@ class Layout:
         """Software every throwaway user runs, installed by root (a site's /apps)."""
         return self._p("shared")
 
+    @property
+    def bin_dir(self) -> str:
+        """Client wrappers of a release that lives in a root (first on the sandbox's PATH)."""
+        return self._p("bin")
+
     # individual files
+    @property
+    def enter_script(self) -> str:
+        return self._p("etc", "enter.sh")
+
+    @property
+    def cgroup_conf(self) -> str:
+        return self._p("etc", "cgroup.conf")
+
     @property
     def slurm_conf(self) -> str:
         return self._p("etc", "slurm.conf")

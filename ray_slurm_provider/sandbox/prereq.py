@@ -18,6 +18,16 @@ SLURM_PACKAGES: dict[str, tuple[str, ...]] = {
     "slurm-wlm-jwt-plugin": ("/usr/lib/*/slurm-wlm/auth_jwt.so|/usr/lib*/slurm*/auth_jwt.so",),
     "munge": ("munged",),
 }
+#: With a Slurm release in a cached root: the host only builds and enters it.
+ROOT_PACKAGES: dict[str, tuple[str, ...]] = {
+    "debootstrap": ("debootstrap",),
+    "util-linux": ("unshare", "pivot_root"),
+}
+#: With --accounting: slurmdbd and the database it stores into.
+ACCOUNTING_PACKAGES: dict[str, tuple[str, ...]] = {
+    "slurmdbd": ("slurmdbd",),
+    "mariadb-server": ("mariadbd", "mariadb-install-db", "mariadb"),
+}
 #: With --docker: the container runtimes the container suites run over (docker and podman).
 DOCKER_PACKAGES: dict[str, tuple[str, ...]] = {
     "docker.io": ("dockerd", "docker"),
@@ -34,24 +44,31 @@ def _present(probe: str) -> bool:
     )
 
 
-def required_packages(docker: bool) -> list[str]:
-    pkgs = list(SLURM_PACKAGES)
-    if docker:
-        pkgs += list(DOCKER_PACKAGES)
-    return pkgs
-
-
-def missing_packages(docker: bool) -> list[str]:
-    """Packages (of those the sandbox needs) that look uninstalled."""
-    table = dict(SLURM_PACKAGES)
+def _table(docker: bool, root: bool, accounting: bool) -> dict[str, tuple[str, ...]]:
+    table = dict(ROOT_PACKAGES if root else SLURM_PACKAGES)
     if docker:
         table.update(DOCKER_PACKAGES)
+    if accounting:
+        table.update(ACCOUNTING_PACKAGES)
+    return table
+
+
+def required_packages(docker: bool, root: bool = False,
+                      accounting: bool = False) -> list[str]:
+    return list(_table(docker, root, accounting))
+
+
+def missing_packages(docker: bool, root: bool = False,
+                      accounting: bool = False) -> list[str]:
+    """Packages (of those the sandbox needs) that look uninstalled."""
+    table = _table(docker, root, accounting)
     return [pkg for pkg, probes in table.items()
             if not all(any(_present(alt) for alt in probe.split("|")) for probe in probes)]
 
 
-def apt_command(docker: bool) -> list[str]:
-    return ["apt-get", "install", "-y", *required_packages(docker)]
+def apt_command(docker: bool, root: bool = False,
+                      accounting: bool = False) -> list[str]:
+    return ["apt-get", "install", "-y", *required_packages(docker, root, accounting)]
 
 
 def check_root() -> None:
@@ -62,12 +79,13 @@ def check_root() -> None:
         )
 
 
-def ensure_packages(docker: bool, install: bool) -> None:
+def ensure_packages(docker: bool, install: bool, root: bool = False,
+                    accounting: bool = False) -> None:
     """Fail with the exact apt-get command when packages are missing, or run it if `install`."""
-    missing = missing_packages(docker)
+    missing = missing_packages(docker, root, accounting)
     if not missing:
         return
-    cmd = apt_command(docker)
+    cmd = apt_command(docker, root, accounting)
     if not install:
         raise SandboxError(
             f"missing packages for the Slurm sandbox: {' '.join(missing)}\n"
@@ -80,6 +98,6 @@ def ensure_packages(docker: bool, install: bool) -> None:
         proc.run(cmd, env=env, timeout=1200)
     except proc.CommandError as e:
         raise SandboxError(f"installing packages failed: {e}\n{e.stderr[-2000:]}") from e
-    still = missing_packages(docker)
+    still = missing_packages(docker, root, accounting)
     if still:
         raise SandboxError(f"still missing after apt-get install: {' '.join(still)}")

@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from ray_slurm_provider import proc
 from ray_slurm_provider.sandbox.procs import SandboxError
 
-REST_VERSION = "v0.0.38"  # the newest that Slurm 22.05 serves
-
 #: Node states (``sinfo %t``, without the "*" not-responding flag) that count as up.
 READY_STATES = frozenset({"idle", "mix", "alloc", "comp", "resv", "plnd"})
 
@@ -88,10 +86,10 @@ def listening_tcp_ports() -> set[int]:
     return ports
 
 
-def rest_status(url: str, token: str | None, path: str = "ping") -> int | None:
+def rest_status(url: str, token: str | None, version: str, path: str = "ping") -> int | None:
     """HTTP status of ``GET <url>/slurm/<version>/<path>`` (with the JWT when given), or None
     when nothing answers."""
-    req = urllib.request.Request(f"{url}/slurm/{REST_VERSION}/{path}")
+    req = urllib.request.Request(f"{url}/slurm/{version}/{path}")
     if token is not None:
         req.add_header("X-SLURM-USER-NAME", "root")
         req.add_header("X-SLURM-USER-TOKEN", token)

@@ -16,6 +16,7 @@ import yaml
 
 from ray_slurm_provider.cli import main as cli
 from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.sandbox import Sandbox, roots
 from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -42,7 +43,7 @@ def test_head_autoscaler_uses_rest(cluster: RayCluster) -> None:
     assert rest["url"].startswith("http://127.0.0.1:") and rest["jwt_file"].endswith("jwt.token")
 
 
-def test_scale_up_through_slurmrestd(cluster: RayCluster,
+def test_scale_up_through_slurmrestd(cluster: RayCluster, sandbox: Sandbox,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     head = cluster.head()["job_id"]
     t0 = time.monotonic()
@@ -58,7 +59,8 @@ def test_scale_up_through_slurmrestd(cluster: RayCluster,
     # The head's autoscaler negotiated slurmrestd's API (its provider logs to monitor.*).
     logs = Path(temp_dir("/tmp", head)) / "session_latest" / "logs"
     text = "".join(p.read_text(errors="replace") for p in logs.glob("monitor*"))
-    assert "speaks v0.0.38" in text
+    # The newest version both sides know: v0.0.38 on 22.05, v0.0.42 on 24.11, v0.0.44 on 26.05.
+    assert f"speaks {roots.rest_version(sandbox.spec.slurm)}" in text
     capsys.readouterr()
     assert cli.main(["status", str(cluster.path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["nodes"]

@@ -66,11 +66,12 @@ def submit(slurm: CliSlurmClient, name: str, kind: str, node_type: str, command:
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], api: str) -> None:
+def test_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], api: str,
+                  sandbox: Sandbox) -> None:
     path, _ = write_config(tmp_path, api)
     code, out = run(capsys, "validate", path)
     assert code == 0, out
-    assert "Slurm 22.05" in out and "partition cpu: 3 nodes" in out
+    assert f"Slurm {sandbox.spec.slurm}." in out and "partition cpu: 3 nodes" in out
     path, _ = write_config(tmp_path, api, gpu_worker={"gpus": 3},
                            cpu_worker={"partition": "nosuch"})
     code, out = run(capsys, "validate", path)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ray_slurm_provider.sandbox import Sandbox
+from ray_slurm_provider.sandbox import Sandbox, roots
 from ray_slurm_provider.sandbox.probes import node_ready
 from ray_slurm_provider.sandbox.procs import exists, job_processes, owned_processes
 
@@ -31,7 +31,8 @@ def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 
 
 def rest(sandbox: Sandbox, token: str | None, path: str = "ping") -> int:
-    req = urllib.request.Request(f"{sandbox.env()['RAY_SLURM_REST_URL']}/slurm/v0.0.38/{path}")
+    version = roots.rest_version(sandbox.spec.slurm)
+    req = urllib.request.Request(f"{sandbox.env()['RAY_SLURM_REST_URL']}/slurm/{version}/{path}")
     if token is not None:
         req.add_header("X-SLURM-USER-NAME", "root")
         req.add_header("X-SLURM-USER-TOKEN", token)
@@ -84,8 +85,14 @@ def test_rest_accepts_the_token_and_rejects_anything_else(sandbox: Sandbox) -> N
     assert rest(sandbox, token, "jobs") == 200
     assert rest(sandbox, None) == 401
     # A forged token passes slurmrestd (it does not check signatures) and slurmctld refuses
-    # it; 22.05 then answers 500 "slurmctld config is unable to load".
-    assert rest(sandbox, token[:-4] + "AAAA") == 500
+    # it: 22.05 then answers 500 "slurmctld config is unable to load"; later releases answer
+    # a ping (which says the controller is DOWN) and refuse the rest with 511 "Protocol
+    # authentication error".
+    forged = token[:-4] + "AAAA"
+    if sandbox.spec.slurm == "22.05":
+        assert rest(sandbox, forged) == 500
+    else:
+        assert rest(sandbox, forged, "jobs") == 511
     assert "SLURM_JWT" not in sandbox.env() and "SLURM_JWT" not in os.environ
 
 
@@ -132,8 +139,9 @@ def _mini_image(docker_env: dict[str, str], tmp: str) -> str:
 def throwaway(sandbox: Sandbox) -> Iterator[Sandbox]:
     """A second, small sandbox beside the session's one (other ports, own state dir)."""
     state = tempfile.mkdtemp(prefix="rsp-down-", dir="/tmp")
-    sb = Sandbox(state, nodes=2, gpus_per_node=1, docker=shutil.which("dockerd") is not None,
-                 port_offset=sandbox.spec.port_offset + 300)
+    sb = Sandbox(state, nodes=2, gpus_per_node=1,
+                 docker=not sandbox.spec.in_root and shutil.which("dockerd") is not None,
+                 port_offset=sandbox.spec.port_offset + 300, slurm=sandbox.spec.slurm)
     try:
         yield sb
     finally:
