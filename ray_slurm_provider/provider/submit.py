@@ -218,13 +218,20 @@ class ArraysRefused(PermanentSlurmError):
     """The site refuses job arrays (MaxArraySize, a submit plugin): submit single jobs."""
 
 
+class ArrayNotTaken(PermanentSlurmError):
+    """Slurm refused a job array for another reason (a job-count limit counts every task):
+    its nodes are tried one job at a time. Nothing was queued."""
+
+
 def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
                    tags: dict[str, str], node_type: str, head: bool,
-                   count: int = 1) -> list[str]:
+                   count: int = 1, queued: int = 0, wanted: int = 1) -> list[str]:
     """One sbatch (a job array of `count` tasks when count > 1: the caller checks that the
     back end is an `ArraySubmitter`): a held-back type fails at once, a failure holds the
     type back, and a job of a submission that raised never lives on (its nonce, shared by
-    every task of an array, goes to `strays`)."""
+    every task of an array, goes to `strays`). A refused array raises ArraysRefused or
+    ArrayNotTaken without holding the type back. `queued` of `wanted` nodes were queued
+    before this call (for the error's words)."""
     nonce = uuid.uuid4().hex[:16]
     try:
         guard.check(node_type)
@@ -236,14 +243,16 @@ def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec:
     except HeldBack as e:
         raise launch_error(head, e.category, str(e)) from None
     except SlurmError as e:
-        if count > 1 and isinstance(e, PermanentSlurmError) and "array" in e.slurm_message.lower():
-            raise ArraysRefused(str(e), e.slurm_message, e.command) from e  # nothing queued
+        if count > 1 and isinstance(e, PermanentSlurmError):  # nothing queued
+            refused = ArraysRefused if "array" in e.slurm_message.lower() else ArrayNotTaken
+            raise refused(str(e), e.slurm_message, e.command) from e
         kind = "unavailable" if isinstance(e, TransientSlurmError) else "rejected"
         if kind == "unavailable":
             strays.add(nonce)
         guard.failed(node_type, e.slurm_message, kind)
-        raise launch_error(head, CATEGORY[kind], f"Slurm did not take the job of node type "
-                           f"{node_type}: {e.slurm_message}") from e
+        what = (f"Slurm queued {queued} of {wanted} nodes of type {node_type} and refused "
+                "the rest" if queued else f"Slurm did not take the job of node type {node_type}")
+        raise launch_error(head, CATEGORY[kind], f"{what}: {e.slurm_message}") from e
     guard.succeeded(node_type)
     return job_ids
 
@@ -253,9 +262,11 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
     """`count` nodes of one type. On a back end that submits arrays (the CLI), ONE
     `sbatch --array` for all of them: each task is a node of its own, id `<array>_<task>`,
     logging to `<array>_<task>.out`. An array Slurm refuses (larger than the site's
-    MaxArraySize) is halved until it is taken, and later arrays keep that size. Elsewhere
-    (REST, pyslurm), and on a site that refuses even an array of 2, one job per node. A
-    single node is always a plain job."""
+    MaxArraySize) is halved until it is taken, and later arrays keep that size; one refused
+    for another reason (a QOS or association job-count limit counts every task) is tried
+    one job per node, until Slurm refuses one: the launch then fails with Slurm's words,
+    keeping what was queued. Elsewhere (REST, pyslurm), and on a site that refuses even an
+    array of 2, one job per node. A single node is always a plain job."""
     ids: list[str] = []
     if count > 1 and isinstance(slurm, ArraySubmitter) and not guard.arrays_refused:
         aspec = replace(spec, output=spec.output.replace("%j", "%A_%a") if spec.output else None)
@@ -270,5 +281,11 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
                 guard.arrays_refused = True
                 logger.warning("Slurm refuses job arrays (%s): submitting one job per node",
                                e.slurm_message)
-    return ids + [job_id for _ in range(count - len(ids))
-                  for job_id in guarded_submit(slurm, guard, strays, spec, tags, node_type, head)]
+            except ArrayNotTaken as e:
+                logger.info("Slurm refused an array of %d nodes of type %s (%s); trying one "
+                            "job per node", n, node_type, e.slurm_message)
+                break
+    while len(ids) < count:
+        ids += guarded_submit(slurm, guard, strays, spec, tags, node_type, head,
+                              queued=len(ids), wanted=count)
+    return ids

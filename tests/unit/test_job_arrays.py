@@ -284,3 +284,50 @@ def test_arrays_over_the_sites_max_array_size_are_split_not_given_up(tmp_path: P
     assert len(second) == 100 and f.calls["refused_array"] == 2  # 64 + 36: no refusal again
     assert f.calls["submit"] == 0 and not p.guard.arrays_refused
     assert set(p.non_terminated_nodes({})) == {*first, *second}
+
+
+#: What sbatch 22.05 says (stderr) when a QOS's MaxSubmitJobsPerUser would be passed
+#: (recorded on the accounting sandbox: tests/fixtures/slurm-22.05/sbatch_qos_limit*).
+QOS_LIMIT = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission "
+             "failed: Job violates accounting/QOS policy (job submit limit, user's size and/or "
+             "time limits)")
+
+
+class JobLimit(FakeSlurm):
+    """Slurm under a per-user job-count limit: every array task counts, so an array that
+    would pass the limit is refused whole."""
+
+    limit = 2
+
+    def _queue(self, spec: JobSpec, comment: str, tasks: int | None) -> list[str]:
+        from ray_slurm_provider.slurm.client import classify
+
+        active = sum(1 for fj in self.jobs.values() if fj.job.active)
+        if active + (tasks or 1) > self.limit:
+            raise classify(QOS_LIMIT, "sbatch")
+        return super()._queue(spec, comment, tasks)
+
+
+def test_a_job_count_limit_queues_what_it_allows_and_says_why_not_the_rest(
+        tmp_path: Path) -> None:
+    """Issue 15: a demand for 5 under a QOS of 2 jobs per user. The array of 5 is refused
+    whole; single jobs are then submitted until Slurm refuses one: 2 nodes queued, the launch
+    fails with Slurm's reason, and the type is held back (no sbatch on every tick)."""
+    from ray.autoscaler.node_launch_exception import NodeLaunchException
+
+    p, _ = make(tmp_path)
+    f = JobLimit()
+    p._client = f
+    with pytest.raises(NodeLaunchException) as ei:
+        p.create_node_with_resources_and_labels({}, WORKER_TAGS, 5, {"CPU": 1}, {})
+    msg = ei.value.description
+    assert "Slurm queued 2 of 5 nodes of type cpu_worker" in msg, msg
+    assert "QOSMaxSubmitJobPerUserLimit" in msg and ei.value.category == "SlurmRejected"
+    assert f.calls["submit_array"] == 1 and f.calls["submit"] == 3
+    assert sorted(p.non_terminated_nodes({})) == ["1000", "1001"]
+    with pytest.raises(NodeLaunchException, match="held back"):
+        p.create_node_with_resources_and_labels({}, WORKER_TAGS, 3, {"CPU": 1}, {})
+    assert f.calls["submit_array"] == 1 and f.calls["submit"] == 3  # Slurm not asked
+    errors = json.loads((p.cluster_dir.root / "errors.json").read_text())
+    assert "QOSMaxSubmitJobPerUserLimit" in errors["cpu_worker"]["message"]
+    assert not p.guard.arrays_refused  # a limit says nothing about arrays
