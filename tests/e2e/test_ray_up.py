@@ -149,7 +149,11 @@ def ray_slurm(cluster: RayCluster, *args: str) -> subprocess.CompletedProcess[st
 def test_ray_logs_of_a_scancelled_worker_outlive_its_job(cluster: RayCluster) -> None:
     """Issue 17.3: the agent keeps a node's Ray logs in the cluster dir when its job ends."""
     head = str(cluster.head()["job_id"])
-    worker = next(j for j, st in cluster.jobs() if j != head and st == "RUNNING")
+    # A worker whose Ray is up: the autoscaler may have just started another (on 26.05 it
+    # was often first in the listing, cancelled before Ray had written any log).
+    worker = wait_for(lambda: next((j for j, st in cluster.jobs() if j != head and
+                                    st == "RUNNING" and cluster.cdir.ray_up(j)), None),
+                      120, "a worker with Ray up")
     subprocess.run(["scancel", worker], check=True, timeout=30, env=cluster.env())
     wait_for(lambda: worker not in [j for j, _ in cluster.jobs()], 60, "the worker to end")
     listing = ray_slurm(cluster, "logs", str(cluster.path), worker, "--ray")
