@@ -12,7 +12,8 @@ from ray_slurm_provider.cli.common import Finding
 from ray_slurm_provider.cluster import ClusterConfig
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.provider.checks import check_live
-from ray_slurm_provider.slurm.client import ClusterInfo
+from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
+from ray_slurm_provider.slurm.sacct import Accounting, NoAccounting, check_account_qos
 from ray_slurm_provider.units import fmt_duration
 
 
@@ -49,4 +50,33 @@ def node_type_findings(cluster: ClusterConfig, t: str, info: ClusterInfo) -> lis
     out += [Finding("warn", where, w, "set node_config.time") for w in warnings]
     if not warnings:
         out.append(Finding("ok", where, "time limit, CPUs, memory and GPUs fit the partition"))
+    return out
+
+
+def accounting_findings(cluster: ClusterConfig, acct: Accounting) -> list[Finding]:
+    """Each node type's `account` and `qos` against the user's associations (sacctmgr);
+    one warning, in Slurm's words, when the cluster keeps no accounting."""
+    wanted = {t: nt.node_config for t, nt in cluster.node_types.items()
+              if nt.node_config.account is not None or nt.node_config.qos is not None}
+    if not wanted:
+        return []
+    try:
+        assocs = acct.associations()
+    except NoAccounting as e:
+        return [Finding("warn", "accounting", f"account and qos not checked: {e.slurm_message}",
+                        "Slurm checks them when the job is submitted")]
+    except SlurmError as e:
+        return [Finding("warn", "accounting", f"account and qos not checked: {e}",
+                        "Slurm checks them when the job is submitted")]
+    out = []
+    for t, ncfg in wanted.items():
+        where = f"available_node_types.{t}.node_config"
+        problem = check_account_qos(assocs, ncfg.account, ncfg.qos, where)
+        if problem is None:
+            out.append(Finding("ok", where, f"account {ncfg.account or '(default)'}, qos "
+                               f"{ncfg.qos or '(default)'}: allowed by your associations"))
+        else:
+            key, _, message = problem.partition(": ")
+            out.append(Finding("fail", key, message, "Slurm refuses such jobs; use one of "
+                               "the valid choices named"))
     return out

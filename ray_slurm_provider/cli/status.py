@@ -1,8 +1,10 @@
-"""`ray-slurm status CONFIG [--json]`.
+"""`ray-slurm status CONFIG [--json] [--ended N]`.
 
-Asks Slurm ONE question (the cluster's job list, as the provider does) and reads the rest
-from the cluster directory: which node's Ray is up, the tags Ray set, the head's addresses.
-Pending jobs show Slurm's reason and its estimated start time.
+Asks the controller ONE question (the cluster's job list, as the provider does) and reads the
+rest from the cluster directory: which node's Ray is up, the tags Ray set, the head's
+addresses. Pending jobs show Slurm's reason and its estimated start time. Then one question
+to accounting (sacct): how the last N nodes that left the queue ended; without accounting it
+says so.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ray_slurm_provider.cli.common import (
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.slurm.client import Job, SlurmError
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.state import read_json
 from ray_slurm_provider.units import fmt_duration
 
@@ -66,15 +69,46 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
     return rows
 
 
-def status_data(cluster: Cluster) -> dict[str, Any]:
-    jobs = cluster.client.list_jobs(cluster.job_name)  # the one Slurm call
+def ended_data(cluster: Cluster, limit: int, acct: Accounting | None = None) -> dict[str, Any]:
+    """How the cluster's last `limit` nodes that left the queue ended (sacct); without
+    accounting, Slurm's words for why not."""
+    if limit <= 0:
+        return {"known": False, "why_not": "not asked (--ended 0)", "nodes": []}
+    try:
+        ended = (acct or Accounting()).ended_jobs(cluster.job_name)
+    except SlurmError as e:
+        return {"known": False, "why_not": e.slurm_message.strip(), "nodes": []}
+    return {"known": True, "why_not": "", "nodes": [
+        {"job_id": j.job_id, "state": j.state, "exit_code": j.exit_code, "why": j.why,
+         "end": j.end, "node": j.node, "reason": j.reason} for j in ended[-limit:]]}
+
+
+def status_data(cluster: Cluster, ended: int = 0) -> dict[str, Any]:
+    jobs = cluster.client.list_jobs(cluster.job_name)  # the one question to the controller
     rows = node_rows(cluster, jobs)
     head = cluster.cdir.read_head()
-    errors = read_json(cluster.cdir.root / "errors.json")  # launch_guard.py
+    errors = read_json(cluster.cdir.root / "errors.json")  # provider/guard.py
     return {"cluster": cluster.name, "job_name": cluster.job_name, "nodes": rows,
             "other_jobs": len(jobs) - len(rows),
             "head": head.to_dict() if head else None,
-            "launch_errors": errors if isinstance(errors, dict) else {}}
+            "launch_errors": errors if isinstance(errors, dict) else {},
+            "ended": ended_data(cluster, ended)}
+
+
+def ended_lines(data: dict[str, Any]) -> list[str]:
+    """The ended nodes' table, or why there is none."""
+    ended = data.get("ended") or {}
+    if not ended.get("known"):
+        why = ended.get("why_not")
+        return [f"ended nodes: unknown ({why}); `ray-slurm logs CONFIG JOB` shows what a "
+                "job printed"] if why and not why.startswith("not asked") else []
+    rows = ended["nodes"]
+    if not rows:
+        return ["ended nodes: none in the last 7 days (sacct)"]
+    body = [[r["job_id"], r["why"], r["end"] or "-", r["node"] or "-", r["reason"] or ""]
+            for r in rows]
+    return [f"ended nodes (last {len(rows)}, from sacct):",
+            *table(["JOB", "ENDED", "AT", "NODE", "REASON"], body)]
 
 
 def error_lines(data: dict[str, Any]) -> list[str]:
@@ -88,7 +122,8 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     rows = data["nodes"]
     if not rows:
         return [f"cluster {data['cluster']!r}: no Slurm jobs named {data['job_name']} "
-                "(the cluster is down; `ray up CONFIG` starts it)", *error_lines(data)]
+                "(the cluster is down; `ray up CONFIG` starts it)", *error_lines(data),
+                *ended_lines(data)]
     headers = ["TYPE", "KIND", "JOB", "STATE", "NODE", "ADDRESS", "RAY", "RESOURCES",
                "TIME LEFT", "PENDING REASON (EST. START)"]
     body = []
@@ -106,14 +141,14 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     if data["other_jobs"]:
         out.append(f"({data['other_jobs']} other jobs named {data['job_name']} were not "
                    "created by ray-slurm)")
-    return [*out, *error_lines(data)]
+    return [*out, *error_lines(data), *ended_lines(data)]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config)
         try:
-            data = status_data(cluster)
+            data = status_data(cluster, args.ended)
         except SlurmError as e:
             raise CliError(f"cannot list the cluster's jobs: {e}") from e
         if args.json:
@@ -128,3 +163,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = config_command(sub, "status", "table of the cluster's nodes (one Slurm query)", cmd_status)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--ended", type=int, default=5, metavar="N",
+                   help="also show how the last N nodes that left the queue ended, from "
+                   "Slurm's accounting (sacct; default 5, 0: do not ask)")

@@ -26,13 +26,14 @@ from ray_slurm_provider.cli.common import (
     report,
     run_command,
 )
-from ray_slurm_provider.cli.findings import node_type_findings
+from ray_slurm_provider.cli.findings import accounting_findings, node_type_findings
 from ray_slurm_provider.cluster import parse_provider_section
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.provider import defaults
 from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources, validate
 from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.script import ScriptError, render
 
 
@@ -63,7 +64,7 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
                        f"{', '.join(p.name for p in info.partitions)}"))
     for t in types:
         out += node_type_findings(parsed, t, info)
-    return out
+    return out + accounting_findings(parsed, Accounting())
 
 
 def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:

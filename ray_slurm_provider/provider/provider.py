@@ -46,6 +46,7 @@ from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, p
 from ray_slurm_provider.jobs import build_job, job_name
 from ray_slurm_provider.provider import runs
 from ray_slurm_provider.provider.bootstrap import ConfigHooks
+from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
 from ray_slurm_provider.provider.snapshot import (
     NodeRecord,
     Snapshot,
@@ -57,13 +58,7 @@ from ray_slurm_provider.provider.snapshot import (
     vanished_workers,
     worker_status,
 )
-from ray_slurm_provider.provider.submit import (
-    SUBMIT_TAG,
-    LaunchGuard,
-    Strays,
-    last_log_line,
-    submit_nodes,
-)
+from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays, submit_nodes
 from ray_slurm_provider.provider.teardown import TeardownHooks
 from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
@@ -173,11 +168,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
                 with contextlib.suppress(OSError):
                     self.cluster_dir.node(job_id).request_stop()
             elif job_id not in self._ray_seen:  # died before its Ray came up
-                log = self.cluster_dir.log(job_id)
-                self.guard.failed(rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
-                                  f"Slurm job {job_id} (last seen {rec.job.state}) ended before "
-                                  f"Ray started on it; {last_log_line(log) or 'see'} ({log})",
-                                  "crashed")
+                died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
+                                job_id, rec.job.state, self.cluster_dir.log(job_id))
         self._ray_seen &= nodes.keys()
         self._heads = [r for r in nodes.values()
                        if r.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD]

@@ -1,14 +1,5 @@
-"""Per-node-type launch backoff, the record of the last launch error, and stray submissions.
-
-A node type whose submissions Slurm refuses (bad partition, account, QOS, a job-count or GRES
-limit) or whose jobs die before Ray starts must not be resubmitted on every autoscaler tick
-(5 s): that floods the controller, crash-loops jobs through the queue and buries the reason.
-After a failure the type is held back, for longer after each further failure (refusals start
-longer than "controller unreachable"); its first successful submission clears it. While a type
-is held back, a launch fails at once without asking Slurm.
-
-The last error of each node type is kept in `<cluster dir>/errors.json`, which the
-`ray-slurm status` command shows; `ray status` shows the failed launches themselves.
+"""Submitting a launch: one sbatch (an array) where it can, through the type's back-off
+(guard.py), and stray submissions.
 
 A submission that raised a transient error (timeout, lost answer) may still have queued a
 job. Ray was told the launch failed and will launch again, so such a job would be a
@@ -23,11 +14,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.provider.guard import CATEGORY, HeldBack, LaunchGuard
 from ray_slurm_provider.slurm.client import (
     ArraySubmitter,
     PermanentSlurmError,
@@ -36,132 +26,11 @@ from ray_slurm_provider.slurm.client import (
     TransientSlurmError,
 )
 from ray_slurm_provider.slurm.script import JobSpec
-from ray_slurm_provider.state import read_json, write_json
 
 logger = logging.getLogger(__name__)
 
 #: Job-comment tag of one submission (stripped from the tags Ray sees).
 SUBMIT_TAG = "ray-slurm-submit"
-#: First backoff per kind of failure, seconds; it doubles per failure up to MAX_DELAY_S.
-BASE_DELAY_S = {"rejected": 60.0, "crashed": 60.0, "unavailable": 5.0}
-MAX_DELAY_S = 600.0
-#: Failures in a row that cost no backoff: one job that could not start Ray (a busy node:
-#: "timed out during startup", after its own retries) is bad luck; two in a row are a pattern.
-FREE_FAILURES = {"crashed": 1}
-#: What Ray shows as the category of a failed launch (NodeLaunchException, < 20 chars).
-CATEGORY = {"rejected": "SlurmRejected", "crashed": "JobDiedAtStart",
-            "unavailable": "SlurmUnavailable"}
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
-
-
-@dataclass
-class TypeFailure:
-    """The last launch error of one node type."""
-
-    kind: str  # rejected | crashed | unavailable
-    message: str  # Slurm's own words (or what the job's log said)
-    failures: int
-    first_failed: float
-    last_failed: float
-    retry_after: float
-    held_back: int = 0  # launches refused without asking Slurm
-
-    def view(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(first_failed=_iso(self.first_failed), last_failed=_iso(self.last_failed),
-                 retry_after=_iso(self.retry_after), retry_after_ts=self.retry_after)
-        return d
-
-
-class HeldBack(Exception):
-    """A launch of a node type refused locally while it backs off."""
-
-    def __init__(self, node_type: str, err: TypeFailure, now: float) -> None:
-        super().__init__(
-            f"node type {node_type} is held back for {err.retry_after - now:.0f}s more after "
-            f"{err.failures} failed launch(es); last error: {err.message}")
-        self.category = CATEGORY.get(err.kind, "LaunchFailed")
-
-
-class LaunchGuard:
-    """Thread-safe per-type backoff; `clock` is injectable for tests (epoch seconds)."""
-
-    def __init__(self, errors_path: Path | None, clock: Callable[[], float] = time.time) -> None:
-        self.arrays_refused = False  # the site said no to a job array: single jobs
-        self.max_array = 1 << 30  # the largest array to try: halved when Slurm refuses one
-        self._path = errors_path
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._errors: dict[str, TypeFailure] = {}
-
-    def check(self, node_type: str) -> None:
-        """Raise HeldBack while `node_type` backs off."""
-        with self._lock:
-            err = self._errors.get(node_type)
-            now = self._clock()
-            if err is None or now >= err.retry_after:
-                return
-            err.held_back += 1
-            snapshot = err.view()
-        self._write(node_type, snapshot)  # `ray-slurm status` shows the refusals as they come
-        raise HeldBack(node_type, err, now)
-
-    def failed(self, node_type: str, message: str, kind: str) -> float:
-        """Record a failure; return how long the type is now held back."""
-        with self._lock:
-            now = self._clock()
-            old = self._errors.get(node_type)
-            n = old.failures + 1 if old else 1
-            free = FREE_FAILURES.get(kind, 0)
-            delay = 0.0 if n <= free else min(
-                MAX_DELAY_S, BASE_DELAY_S.get(kind, 60.0) * 2.0 ** min(n - 1 - free, 20))
-            self._errors[node_type] = TypeFailure(
-                kind, message.strip(), n, old.first_failed if old else now, now, now + delay,
-                old.held_back if old else 0)
-            snapshot = self._errors[node_type].view()
-        logger.warning("Launch of node type %s failed (%s, %d in a row); holding it back for "
-                       "%.0fs: %s", node_type, kind, n, delay, message.strip())
-        self._write(node_type, snapshot)
-        return delay
-
-    def succeeded(self, node_type: str) -> None:
-        """A job of the type was queued (a crash at start is cleared by `ray_started`)."""
-        self._clear(node_type, ("rejected", "unavailable"))
-
-    def ray_started(self, node_type: str) -> None:
-        """Ray came up on a node of the type."""
-        self._clear(node_type, ("crashed",))
-
-    def _clear(self, node_type: str, kinds: tuple[str, ...]) -> None:
-        with self._lock:
-            err = self._errors.get(node_type)
-            if err is None or err.kind not in kinds:
-                return
-            del self._errors[node_type]
-        logger.info("Node type %s launches again", node_type)
-        self._write(node_type, None)
-
-    def error(self, node_type: str) -> TypeFailure | None:
-        with self._lock:
-            return self._errors.get(node_type)
-
-    def _write(self, node_type: str, entry: dict[str, Any] | None) -> None:
-        """Merge one type's entry into errors.json (other processes own other types)."""
-        if self._path is None:
-            return
-        try:
-            data = read_json(self._path)
-            data = dict(data) if isinstance(data, dict) else {}
-            if entry is None:
-                data.pop(node_type, None)
-            else:
-                data[node_type] = entry
-            write_json(self._path, data)
-        except (OSError, ValueError) as e:
-            logger.warning("Could not update %s: %s", self._path, e)
 
 
 class Strays:
@@ -197,21 +66,6 @@ def launch_error(head: bool, category: str, description: str) -> Exception:
     from ray.autoscaler.node_launch_exception import NodeLaunchException
 
     return NodeLaunchException(category, description, None)
-
-
-def last_log_line(log: Path, max_bytes: int = 8192) -> str:
-    """What a job's output says last: the node agent's last line (`[ray-slurm HH:MM:SS] ...`),
-    else the last line at all (a prologue or module load that failed before the agent ran)."""
-    try:
-        with log.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - max_bytes))
-            tail = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
-    agent = [ln for ln in lines if ln.startswith("[ray-slurm ")]
-    return (agent or lines or [""])[-1]
 
 
 class ArraysRefused(PermanentSlurmError):

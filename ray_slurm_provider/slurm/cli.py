@@ -20,6 +20,7 @@ from ray_slurm_provider.slurm.client import (
     LIST_STATES,
     SCRUB_PREFIXES,
     ClusterInfo,
+    EndedJob,
     Job,
     Node,
     Partition,
@@ -28,6 +29,7 @@ from ray_slurm_provider.slurm.client import (
     classify,
     is_job_gone,
 )
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.units import parse_duration
 
@@ -90,6 +92,10 @@ class CliSlurmClient:
         find such jobs again by name with `list_jobs`.
         """
         return self._sbatch(render(spec), [], comment)
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        """How `job_id` ended, from accounting (sacct); see `EndReader`."""
+        return Accounting(timeout=self._timeout, env=self._base_env).ended_job(job_id)
 
     def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
         """ONE `sbatch --array=0-<count-1>`: `count` jobs in one controller RPC.

@@ -187,6 +187,39 @@ class SlurmClient(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class EndedJob:
+    """A job that left the queue, as accounting recorded it."""
+
+    job_id: str  # as squeue names it: 123, or 123_4 for an array task
+    state: str  # COMPLETED, CANCELLED, TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, FAILED, ...
+    exit_code: str  # sacct's "<exit status>:<signal>", e.g. "1:0", "0:15"
+    end: str = ""
+    node: str = ""
+    reason: str = ""
+
+    @property
+    def why(self) -> str:
+        """The end in a few words: "FAILED (exit 1)", "CANCELLED (signal 9)", "TIMEOUT"."""
+        status, _, sig = self.exit_code.partition(":")
+        if sig not in ("", "0"):
+            return f"{self.state} (signal {sig})"
+        if status not in ("", "0"):
+            return f"{self.state} (exit {status})"
+        return self.state
+
+
+@runtime_checkable
+class EndReader(Protocol):
+    """A back end that asks Slurm's accounting how a job that left the queue ended (the CLI
+    back end, through sacct)."""
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        """How `job_id` ended; None while accounting has no end for it. Raises SlurmError
+        (sacct.NoAccounting when the cluster keeps none)."""
+        ...
+
+
 @runtime_checkable
 class ArraySubmitter(Protocol):
     """A back end that submits N identical jobs as ONE Slurm job array (one RPC)."""

@@ -27,7 +27,8 @@ NASTY = "/tmp/it's a \"dir\" $(touch /tmp/pwned) `x`\n; echo owned"
 
 
 def test_release_names_are_checked_with_the_choices_named() -> None:
-    with pytest.raises(ValueError, match="unsupported Slurm release '23.02'.*22.05, 24.11, 26.05"):
+    choices = r"unsupported Slurm release '23\.02'.*22\.05, 24\.11, 26\.05"
+    with pytest.raises(ValueError, match=choices):
         SandboxSpec(slurm="23.02")
     assert not SandboxSpec().in_root and SandboxSpec(slurm="24.11").in_root
     assert roots.rest_version("22.05") == "v0.0.38" and roots.rest_version("26.05") == "v0.0.44"
@@ -35,7 +36,7 @@ def test_release_names_are_checked_with_the_choices_named() -> None:
 
 @pytest.mark.parametrize("kw", [{"docker": True}, {"accounting": True}])
 def test_root_releases_refuse_docker_and_accounting(kw: dict[str, bool]) -> None:
-    with pytest.raises(ValueError, match="only with the host's Slurm 22.05"):
+    with pytest.raises(ValueError, match=r"only with the host's Slurm 22\.05"):
         SandboxSpec(slurm="26.05", **kw)  # type: ignore[arg-type]
 
 
@@ -129,7 +130,7 @@ def test_daemons_of_a_root_release_are_the_roots_binaries(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(roots.CACHE_ENV, str(tmp_path))
     spec = SandboxSpec(slurm="24.11")
-    with pytest.raises(SandboxError, match="slurmctld: not in the Slurm 24.11 root"):
+    with pytest.raises(SandboxError, match=r"slurmctld: not in the Slurm 24\.11 root"):
         daemons.argv_for("slurmctld", LAYOUT, spec)
     (tmp_path / "roots" / "24.11" / "usr" / "sbin").mkdir(parents=True)
     for d in ("slurmctld", "slurmrestd"):

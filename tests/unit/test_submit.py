@@ -15,15 +15,9 @@ import pytest
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
+from ray_slurm_provider.provider.guard import MAX_DELAY_S, HeldBack, LaunchGuard, last_log_line
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
-from ray_slurm_provider.provider.submit import (
-    MAX_DELAY_S,
-    SUBMIT_TAG,
-    HeldBack,
-    LaunchGuard,
-    Strays,
-    last_log_line,
-)
+from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays
 from ray_slurm_provider.slurm.client import TransientSlurmError, classify
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import RayUp

@@ -1,0 +1,159 @@
+"""What Slurm's accounting database knows: why a job that left the queue ended (`sacct`), and
+which accounts and QOSes a user may submit with (`sacctmgr`).
+
+Accounting is optional at a site. Without it (no slurmdbd, or slurmdbd unreachable) every
+call raises `NoAccounting` with Slurm's words, and callers fall back to what squeue and the
+job logs say. These are command-line tools on purpose: the REST and pyslurm back ends reach
+slurmdbd only when the site serves its endpoints, so every transport asks through them.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.slurm.client import (
+    KEEP_VARS,
+    SCRUB_PREFIXES,
+    EndedJob,
+    PermanentSlurmError,
+    classify,
+)
+
+DELIM = "\x1f"
+#: sacct -o fields, in order (Reason is last: free text).
+SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "End", "NodeList", "Reason")
+#: The final states sacct can report (its -s names): everything that means "left the queue".
+ENDED_STATES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"
+#: Ends that say nothing about the node type: Slurm or someone took the job away.
+NOT_ITS_FAULT = frozenset({"CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"})
+#: Slurm's words when there is no accounting to ask, or it cannot be reached.
+_NO_ACCOUNTING = re.compile(
+    r"accounting storage is disabled|not running a supported accounting_storage plugin|"
+    r"problem talking to the database|connection refused|slurmdbd.*(down|not responding)|"
+    r"unable to connect to database", re.IGNORECASE)
+
+
+class NoAccounting(PermanentSlurmError):
+    """The cluster keeps no accounting (or slurmdbd cannot be reached): Slurm's words."""
+
+
+@dataclass(frozen=True)
+class Association:
+    """One association of a user: an account (on a partition, or all) and its QOSes."""
+
+    account: str
+    partition: str
+    qos: tuple[str, ...]
+    default_qos: str
+
+
+def parse_sacct(stdout: str) -> list[EndedJob]:
+    """Jobs from `sacct -X -n -P --delimiter=DELIM -o SACCT_FIELDS`; ValueError on a bad line."""
+    out = []
+    n = len(SACCT_FIELDS)
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(DELIM, n - 1)
+        if len(parts) != n:
+            raise ValueError(f"sacct line has {len(parts)} fields, expected {n}: {line!r}")
+        job_id, _raw, state, code, end, node, reason = (p.strip() for p in parts)
+        # "CANCELLED by 0": the uid that cancelled it is not the state.
+        out.append(EndedJob(job_id=job_id, state=state.split()[0] if state else "",
+                            exit_code=code, end="" if end == "Unknown" else end,
+                            node="" if node in ("None assigned", "(null)") else node,
+                            reason="" if reason == "None" else reason))
+    return out
+
+
+def parse_associations(stdout: str) -> list[Association]:
+    """From `sacctmgr -n -P show assoc ... format=Account,Partition,QOS,DefaultQOS`."""
+    out = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        account, partition, qos, default, *_ = [*line.split("|"), "", "", "", ""]
+        out.append(Association(account.strip(), partition.strip(),
+                               tuple(q for q in qos.strip().split(",") if q), default.strip()))
+    return out
+
+
+class Accounting:
+    """Asks Slurm's accounting through sacct and sacctmgr; constructing it runs nothing."""
+
+    def __init__(self, *, timeout: float = 30.0, env: Mapping[str, str] | None = None) -> None:
+        self._timeout = timeout
+        self._env = dict(env) if env is not None else None
+
+    def _run(self, argv: Sequence[str]) -> str:
+        env = proc.clean_env(self._env if self._env is not None else os.environ,
+                             drop_prefixes=SCRUB_PREFIXES, keep=KEEP_VARS,
+                             extra={"SLURM_TIME_FORMAT": "standard"})
+        try:
+            res = proc.run(list(argv), timeout=self._timeout, env=env, check=False)
+        except proc.CommandError as e:
+            raise classify(str(e), argv[0]) from e
+        said = (res.stderr + "\n" + res.stdout).strip()
+        # Both tools print "accounting is disabled" on stdout, sometimes with exit code 0.
+        if _NO_ACCOUNTING.search(said) and (res.returncode != 0 or not res.stdout.strip()
+                                            or _NO_ACCOUNTING.search(res.stdout)):
+            raise NoAccounting(f"{argv[0]}: no accounting: {said}", said, argv[0])
+        if res.returncode != 0:
+            raise classify(said or f"exit code {res.returncode}", argv[0])
+        return res.stdout
+
+    def ended_jobs(self, job_name: str, since: str = "now-7days",
+                   user: str | None = None) -> list[EndedJob]:
+        """This user's jobs named `job_name` that ended since `since`, oldest first."""
+        return parse_sacct(self._run([
+            "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--name={job_name}",
+            f"--user={user or _me()}", f"--starttime={since}", "--endtime=now",
+            f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"]))
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        """How job `job_id` (123 or 123_4) ended; None while accounting has no end for it
+        (slurmdbd records it a moment after the job leaves the queue)."""
+        jobs = parse_sacct(self._run([
+            "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--jobs={job_id}",
+            f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"]))
+        return next((j for j in reversed(jobs) if j.job_id == job_id), None)
+
+    def associations(self, user: str | None = None) -> list[Association]:
+        """The accounts (and their QOSes) `user` may submit with."""
+        return parse_associations(self._run([
+            "sacctmgr", "-n", "-P", "show", "associations", "where", f"user={user or _me()}",
+            "format=Account,Partition,QOS,DefaultQOS"]))
+
+    def qos_names(self) -> list[str]:
+        """Every QOS the cluster has."""
+        return [q.strip() for q in self._run(
+            ["sacctmgr", "-n", "-P", "show", "qos", "format=Name"]).splitlines() if q.strip()]
+
+
+def _me() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def check_account_qos(assocs: Sequence[Association], account: str | None,
+                      qos: str | None, where: str) -> str | None:
+    """What is wrong with submitting with `account` and `qos` (None: nothing), naming the
+    valid choices; `where` is the config key path of the node type."""
+    accounts = sorted({a.account for a in assocs})
+    if account is not None and account not in accounts:
+        return (f"{where}.account: {account!r} is not an account you may use on this "
+                f"cluster; valid: {', '.join(accounts) or 'none (no association)'}")
+    if qos is None:
+        return None
+    # Without an account Slurm takes the user's default one; any of theirs passes here.
+    mine = [a for a in assocs if account is None or a.account == account]
+    allowed = sorted({q for a in mine for q in a.qos})
+    if qos not in allowed:
+        whose = f"account {account!r}" if account else "your associations"
+        return (f"{where}.qos: {qos!r} is not a QOS of {whose}; valid: "
+                f"{', '.join(allowed) or 'none'}")
+    return None

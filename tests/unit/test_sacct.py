@@ -1,0 +1,173 @@
+"""Accounting (sacct, sacctmgr) against recorded Slurm 22.05 answers, with and without
+slurmdbd (tests/fixtures/record_accounting.py), and what the provider, `validate` and
+`status` make of them: why a node ended, whether its type is to blame, a wrong account or
+QOS, and a QOS job limit's refusal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.cli.findings import accounting_findings
+from ray_slurm_provider.cli.status import ended_data, ended_lines
+from ray_slurm_provider.cluster import NODE_TYPES_KEY, ClusterConfig, parse_provider_section
+from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
+from ray_slurm_provider.slurm.client import EndedJob, PermanentSlurmError, classify
+from ray_slurm_provider.slurm.sacct import (
+    Accounting,
+    NoAccounting,
+    check_account_qos,
+    parse_associations,
+)
+from tests.fakes import FakeClock, FakeSlurm
+from tests.unit.test_slurm_cli import FakeRun, recorded
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRun:
+    f = FakeRun()
+    monkeypatch.setattr(proc, "run", f)
+    return f
+
+
+def test_ended_jobs_say_how_each_ended(fake: FakeRun) -> None:
+    fake.set("sacct", "sacct_ended")
+    jobs = Accounting().ended_jobs("rsp-record")
+    assert [j.why for j in jobs] == ["COMPLETED", "FAILED (exit 3)", "CANCELLED"]
+    assert all(j.end and j.node for j in jobs)
+    argv = fake.calls[0].argv
+    assert "--name=rsp-record" in argv and "-X" in argv and "--user=" in " ".join(argv)
+
+
+def test_an_end_not_yet_recorded_is_none(fake: FakeRun) -> None:
+    fake.set("sacct", "sacct_nothing")
+    assert Accounting().ended_job("999999") is None
+
+
+@pytest.mark.parametrize("name", ["sacct_disabled", "sacctmgr_disabled"])
+def test_no_accounting_is_told_in_slurms_words(fake: FakeRun, name: str) -> None:
+    fake.set("sacct", name)
+    fake.set("sacctmgr", name)
+    acct = Accounting()
+    with pytest.raises(NoAccounting) as ei:
+        acct.ended_job("1") if name.startswith("sacct_") else acct.associations()
+    out, err, _ = recorded(name)
+    assert ei.value.slurm_message.strip() in (err + "\n" + out).strip()
+
+
+def test_associations_and_the_choices_named(fake: FakeRun) -> None:
+    fake.set("sacctmgr", "sacctmgr_assoc")
+    assocs = Accounting().associations("root")
+    # root also has the association sacctmgr made with the cluster (account root).
+    assert {a.account for a in assocs} == {"root", "team-a", "team-b"}
+    assert all({"normal", "high", "scavenger", "limited"} <= set(a.qos)
+               for a in assocs if a.account.startswith("team-"))
+    where = "available_node_types.w.node_config"
+    assert check_account_qos(assocs, "team-a", "limited", where) is None
+    assert check_account_qos(assocs, None, None, where) is None
+    bad = check_account_qos(assocs, "team-c", None, where)
+    assert bad == (f"{where}.account: 'team-c' is not an account you may use on this "
+                   "cluster; valid: root, team-a, team-b")
+    bad = check_account_qos(assocs, "team-a", "gold", where)
+    assert bad is not None and bad.startswith(f"{where}.qos: 'gold' is not a QOS of account "
+                                              "'team-a'; valid: ") and "scavenger" in bad
+
+
+def test_recorded_refusals_are_permanent_in_slurms_words() -> None:
+    for name, words in [("sbatch_qos_limit", "QOSMaxSubmitJobPerUserLimit"),
+                        ("sbatch_qos_limit_array", "QOSMaxSubmitJobPerUserLimit"),
+                        ("sbatch_bad_account", "Invalid account"),
+                        ("sbatch_bad_qos", "Invalid qos")]:
+        _, err, rc = recorded(name)
+        assert rc != 0 and words in err, (name, err)
+        assert isinstance(classify(err, "sbatch"), PermanentSlurmError), name
+    from tests.unit.test_job_arrays import QOS_LIMIT
+
+    assert recorded("sbatch_qos_limit")[1].strip() == QOS_LIMIT  # the fake says it so too
+
+
+def _cluster(**node_config: str) -> ClusterConfig:
+    types = {"head": {"resources": {"CPU": 1}, "node_config": {}},
+             "w": {"resources": {"CPU": 1}, "node_config": dict(node_config)}}
+    return parse_provider_section({"type": "external", "python": "/py",
+                                   NODE_TYPES_KEY: types}, "c", "head")
+
+
+class Assocs:
+    def __init__(self, err: Exception | None = None) -> None:
+        self.err = err
+
+    def associations(self, user: str | None = None) -> list[object]:
+        if self.err:
+            raise self.err
+        return list(parse_associations("team-a||normal,limited|normal\n"))
+
+
+def test_validate_names_a_wrong_account_or_qos_and_says_when_it_cannot() -> None:
+    ok = accounting_findings(_cluster(account="team-a", qos="limited"), Assocs())  # type: ignore[arg-type]
+    assert [f.level for f in ok] == ["ok"]
+    bad = accounting_findings(_cluster(qos="high"), Assocs())  # type: ignore[arg-type]
+    assert bad[0].level == "fail" and bad[0].what.endswith("w.node_config.qos")
+    assert "valid: limited, normal" in bad[0].message
+    assert accounting_findings(_cluster(), Assocs()) == []  # type: ignore[arg-type]
+    off = NoAccounting("x", "Slurm accounting storage is disabled", "sacctmgr")
+    (warn,) = accounting_findings(_cluster(qos="high"), Assocs(off))  # type: ignore[arg-type]
+    assert warn.level == "warn" and "Slurm accounting storage is disabled" in warn.message
+
+
+class Ends(FakeSlurm):
+    def __init__(self, end: EndedJob | None, err: Exception | None = None) -> None:
+        super().__init__()
+        self.end, self.err = end, err
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        if self.err:
+            raise self.err
+        return self.end
+
+
+@pytest.mark.parametrize(("end", "held"), [
+    (EndedJob("7", "PREEMPTED", "0:0"), False),
+    (EndedJob("7", "NODE_FAIL", "0:0"), False),
+    (EndedJob("7", "CANCELLED", "0:15"), False),
+    (EndedJob("7", "FAILED", "3:0"), True),
+    (EndedJob("7", "OUT_OF_MEMORY", "0:125"), True),
+    (None, True),
+])
+def test_only_ends_that_are_the_types_fault_hold_it_back(
+        tmp_path: Path, end: EndedJob | None, held: bool) -> None:
+    guard = LaunchGuard(None, clock=FakeClock().now)
+    log = tmp_path / "7.out"
+    log.write_text("[ray-slurm 10:00:00] module load cuda: not found\n")
+    died_before_ray(guard, Ends(end), "w", "7", "RUNNING", log)
+    err = guard.error("w")
+    assert (err is not None) == held
+    if err is not None:
+        said = f"Slurm says {end.why}; " if end else ""
+        assert f"ended before Ray started on it; {said}[ray-slurm 10:00:00] module load" \
+            in err.message
+
+
+def test_without_accounting_the_log_line_is_all_there_is(tmp_path: Path) -> None:
+    guard = LaunchGuard(None, clock=FakeClock().now)
+    off = NoAccounting("x", "Slurm accounting storage is disabled", "sacct")
+    died_before_ray(guard, Ends(None, off), "w", "7", "RUNNING", tmp_path / "none.out")
+    err = guard.error("w")
+    assert err is not None and "Slurm says" not in err.message and err.kind == "crashed"
+
+
+def test_status_shows_ended_nodes_or_why_it_cannot(fake: FakeRun) -> None:
+    class C:
+        job_name = "rsp-record"
+
+    fake.set("sacct", "sacct_ended")
+    data = {"ended": ended_data(C(), 2)}  # type: ignore[arg-type]
+    lines = ended_lines(data)
+    assert lines[0] == "ended nodes (last 2, from sacct):"
+    assert "FAILED (exit 3)" in lines[2] and "CANCELLED" in lines[3]
+    fake.set("sacct", "sacct_disabled")
+    (line,) = ended_lines({"ended": ended_data(C(), 5)})  # type: ignore[arg-type]
+    assert line.startswith("ended nodes: unknown (Slurm accounting storage is disabled")
+    assert ended_lines({"ended": ended_data(C(), 0)}) == []  # type: ignore[arg-type]
