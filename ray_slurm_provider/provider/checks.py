@@ -94,14 +94,28 @@ def check_static(cluster: ClusterConfig) -> None:
             raise ConfigError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
 
 
+def _gpus(gres: str) -> list[tuple[str, int]]:
+    """(type or "", count) of each GPU item of a GRES string ("gpu:h100:2(S:0)")."""
+    out = []
+    for item in re.sub(r"\([^)]*\)", "", gres).split(","):
+        bits = item.strip().split(":")
+        if bits[0] == "gpu":
+            count = int(bits[-1]) if len(bits) > 1 and bits[-1].isdigit() else 1
+            out.append((bits[1] if len(bits) == 3 else "", count))
+    return out
+
+
 def _gpu_types(part: Partition) -> list[str]:
-    out = set()
-    for node in part.nodes:
-        for item in re.sub(r"\([^)]*\)", "", node.gres).split(","):
-            bits = item.strip().split(":")
-            if bits[0] == "gpu" and len(bits) == 3:
-                out.add(bits[1])
-    return sorted(out)
+    return sorted({t for node in part.nodes for t, _ in _gpus(node.gres) if t})
+
+
+def _most_gpus(part: Partition, gpu_type: str | None) -> int:
+    """The most GPUs (of `gpu_type`, when given) one node of the partition has: a site may
+    mix node sizes and GPU types in one partition, and Slurm places a job on a node it fits."""
+    if not part.nodes:
+        return part.gpus_per_node
+    return max(sum(n for t, n in _gpus(node.gres) if gpu_type is None or t == gpu_type)
+               for node in part.nodes)
 
 
 def check_partitions(cluster: ClusterConfig, info: ClusterInfo) -> None:
@@ -142,16 +156,18 @@ def check_live(cluster: ClusterConfig, info: ClusterInfo,
                 f"{limit - 1}")
         gpus, key = (ncfg.gpus, "gpus") if ncfg.gpus is not None else (res.get("GPU"), None)
         key = f"{nc}.gpus" if key else f"available_node_types.{t}.resources.GPU"
-        if gpus and int(gpus) > part.gpus_per_node:
-            with_gpus = [p.name for p in info.partitions if p.gpus_per_node]
-            raise ConfigError(
-                f"{key}: {gpus} is more than the {part.gpus_per_node} GPUs per node of "
-                f"partition {part.name!r}; valid: 0 to {part.gpus_per_node}"
-                + (f" (partitions with GPUs: {', '.join(with_gpus)})" if with_gpus else ""))
         types = _gpu_types(part)
         if gpus and ncfg.gpu_type is not None and ncfg.gpu_type not in types:
             raise ConfigError(f"{nc}.gpu_type: {ncfg.gpu_type!r} is not a GPU type of partition "
                               f"{part.name!r}; valid: {', '.join(types) or 'none (untyped GRES)'}")
+        most = _most_gpus(part, ncfg.gpu_type if gpus else None)
+        if gpus and int(gpus) > most:
+            with_gpus = [p.name for p in info.partitions if _most_gpus(p, None)]
+            kind = f"{ncfg.gpu_type} " if ncfg.gpu_type else ""
+            raise ConfigError(
+                f"{key}: {gpus} is more than the {most} {kind}GPUs of any node of "
+                f"partition {part.name!r}; valid: 0 to {most}"
+                + (f" (partitions with GPUs: {', '.join(with_gpus)})" if with_gpus else ""))
         cpus, ckey = (ncfg.cpus, f"{nc}.cpus") if ncfg.cpus is not None else (
             res.get("CPU"), f"available_node_types.{t}.resources.CPU")
         if cpus and part.cpus_per_node and int(cpus) > part.cpus_per_node:

@@ -76,7 +76,7 @@ def test_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], api: str,
                            cpu_worker={"partition": "nosuch"})
     code, out = run(capsys, "validate", path)
     assert code == 1
-    assert "3 is more than the 2 GPUs per node of partition 'gpu'" in out
+    assert "3 is more than the 2 GPUs of any node of partition 'gpu'" in out
     assert "'nosuch' is not a partition of this cluster" in out and "fix: use one of" in out
 
 

@@ -56,7 +56,7 @@ def cluster_of(node_types: dict[str, Any]) -> ClusterConfig:
 @pytest.mark.parametrize(("node_config", "resources", "match"), [
     ({"partition": "nope"}, {"CPU": 1}, "'nope' is not a partition"),
     ({"partition": "cpu", "time": "3:00:00"}, {"CPU": 1}, "longer than partition 'cpu' allows"),
-    ({"partition": "gpu", "gpus": 3}, {"CPU": 1}, "more than the 2 GPUs per node"),
+    ({"partition": "gpu", "gpus": 3}, {"CPU": 1}, "more than the 2 GPUs of any node"),
     ({"partition": "gpu", "gpus": 1, "gpu_type": "a100"}, {"CPU": 1}, "not a GPU type"),
     ({"partition": "cpu"}, {"CPU": 8}, "more than the 2 CPUs per node"),
     ({"partition": "cpu", "mem": "64G"}, {"CPU": 1}, "more than the 4000M per node"),

@@ -65,10 +65,10 @@ def cfg(node_config: dict[str, Any] | None = None, resources: dict[str, Any] | N
     ({"partition": "gpu", "time": None, "drain_before_limit_s": 3600}, {},
      rf"{NC}\.drain_before_limit_s: 3600s is not shorter than the time limit 01:00:00 of "
      r"partition 'gpu'; valid: 0 to 3599"),
-    ({"gpus": 3}, {}, rf"{NC}\.gpus: 3 is more than the 2 GPUs per node of partition 'cpu'; "
+    ({"gpus": 3}, {}, rf"{NC}\.gpus: 3 is more than the 2 GPUs of any node of partition 'cpu'; "
      r"valid: 0 to 2 \(partitions with GPUs: cpu, gpu, open\)"),
     ({"partition": "gpu"}, {"GPU": 8}, r"available_node_types\.w\.resources\.GPU: 8 is more "
-     r"than the 4 GPUs per node of partition 'gpu'; valid: 0 to 4"),
+     r"than the 4 GPUs of any node of partition 'gpu'; valid: 0 to 4"),
     ({"partition": "gpu", "gpus": 1, "gpu_type": "h100"}, {}, rf"{NC}\.gpu_type: 'h100' is not "
      r"a GPU type of partition 'gpu'; valid: a100"),
     ({"gpus": 1, "gpu_type": "a100"}, {}, rf"{NC}\.gpu_type: 'a100' is not a GPU type of "
@@ -168,3 +168,25 @@ def test_v1_warns_when_two_ray_nodes_can_share_a_host(monkeypatch: pytest.Monkey
     assert v1_colocation_warning(parse_cluster(exclusive), {"RAY_UP_enable_autoscaler_v2": "0"}
                                  ) is None
     assert v1_colocation_warning(parse_cluster(cfg()), {}) is None  # v2: matched by job id
+
+
+def test_a_partition_of_mixed_gpu_types_takes_what_its_largest_node_of_the_type_has(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: the accounting sandbox's gpu partition has two h100:2 nodes and one a100:1,
+    as real sites mix them. `gpus: 2, gpu_type: h100` fits two nodes; it was refused as
+    "more than the 1 GPUs per node" (the smallest node's count)."""
+    nodes = [Node("n1", "a", "IDLE", 2, 4000, "gpu:h100:2"),
+             Node("n2", "b", "IDLE", 2, 4000, "gpu:h100:2"),
+             Node("n3", "c", "IDLE", 2, 4000, "gpu:a100:1")]
+    mixed = FakeSlurm(nodes=nodes, partitions={"cpu": {"default": True, "nodes": ["n1"]},
+                                               "gpu": {"nodes": ["n1", "n2", "n3"]}})
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda *_: mixed.cluster_info())
+    validate(cfg({"partition": "gpu", "gpus": 2, "gpu_type": "h100"}))
+    validate(cfg({"partition": "gpu", "gpus": 2}))  # untyped: any node with 2
+    with pytest.raises(ConfigError, match=rf"{NC}\.gpus: 2 is more than the 1 a100 GPUs of any "
+                       r"node of partition 'gpu'; valid: 0 to 1"):
+        validate(cfg({"partition": "gpu", "gpus": 2, "gpu_type": "a100"}))
+    with pytest.raises(ConfigError, match=rf"{NC}\.gpus: 3 is more than the 2 GPUs of any "
+                       r"node of partition 'gpu'; valid: 0 to 2"):
+        validate(cfg({"partition": "gpu", "gpus": 3}))
