@@ -27,7 +27,7 @@ from ray_slurm_provider.sandbox.procs import exists
 # the tests run inherits this); the tests of defaults name their files.
 os.environ[DEFAULTS_ENV] = ""
 
-SANDBOX_MARKERS = ("integration", "e2e")
+SANDBOX_MARKERS = ("integration", "e2e", "accounting")
 PORT_OFFSET_ENV = "RAY_SLURM_SANDBOX_PORT_OFFSET"
 #: Another session's outage test may have a daemon stopped for a moment: wait this long for a
 #: partly running sandbox to recover before repairing it.
