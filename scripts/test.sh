@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# The README test command: lint, type-check, then every test not needing a real GPU against a
-# real local Slurm sandbox (needs root). Extra arguments go to pytest.
-#   RAY_SLURM_SANDBOX_DIR  sandbox state dir (default /tmp/rsp-sandbox)
-#   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandbox's ports (to run beside another sandbox)
+# The README test command: lint, type-check, then every test not needing a real GPU against
+# real local Slurm sandboxes (needs root), in phases:
+#   1. Slurm 22.05 (the host's), docker + podman, two users: the whole suite but accounting
+#   2. Slurm 24.11 and 26.05 (Debian roots, built once into the cache): the Slurm
+#      integration suites (CLI and REST) and the core `ray up` lifecycle
+#   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
+# Extra arguments go to pytest in every phase.
+#   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
+#                          use it with a suffix)
+#   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandboxes' ports (to run beside another sandbox;
+#                          phases 2-3 add 100, so they never meet a reused phase-1 sandbox)
+#   RSP_PHASES             which phases to run (default "1 2 3")
 #   PYTEST_TIMEOUT         per-test timeout in seconds (default 900)
 # A sandbox this script starts is always taken down on exit; one that already ran before it
 # (someone else's) is reused and left running.
@@ -10,28 +18,78 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${VENV:-$PWD/.venv}/bin"
 export PATH="$BIN:$PATH"
-export RAY_SLURM_SANDBOX_DIR="${RAY_SLURM_SANDBOX_DIR:-/tmp/rsp-sandbox}"
+MAIN_DIR="${RAY_SLURM_SANDBOX_DIR:-/tmp/rsp-sandbox}"
+OFFSET="${RAY_SLURM_SANDBOX_PORT_OFFSET:-0}"
+PHASES="${RSP_PHASES:-1 2 3}"
+PYTEST=(python -m pytest -p no:cacheprovider --import-mode=importlib
+        --timeout="${PYTEST_TIMEOUT:-900}")
+# The core of each Slurm release: its back ends, the sandbox, and `ray up` ... `ray down`.
+MATRIX=(tests/integration/test_slurm_cli_sandbox.py tests/integration/test_slurm_rest_sandbox.py
+        tests/integration/test_job_arrays_sandbox.py tests/integration/test_sandbox.py
+        tests/integration/test_cmds_sandbox.py tests/e2e/test_ray_up.py
+        tests/e2e/test_ray_up_rest.py)
 
 echo "== ruff"
 ruff check .
 echo "== mypy --strict"
 mypy --strict
 
-echo "== sandbox"
-if ray-slurm sandbox status >/dev/null 2>&1; then
-  echo "reusing the sandbox already running at $RAY_SLURM_SANDBOX_DIR (left running)"
-else
-  trap 'echo "== sandbox down"; ray-slurm sandbox down' EXIT
-  # --install: apt-get what the suites need and is missing (Slurm, munge, docker, podman),
-  # so this command works on a fresh machine as it does under .ci/run.
-  # --users 2: two throwaway Unix users for the shared-cluster tests (tests/e2e/test_two_users.py).
-  ray-slurm sandbox up --install --docker --users 2 --port-offset "${RAY_SLURM_SANDBOX_PORT_OFFSET:-0}"
-fi
-# shellcheck disable=SC1091
-source "$RAY_SLURM_SANDBOX_DIR/env.sh"
-sinfo -N -o '%N %P %T %c %m %G'
+STARTED=()
+FAILED=()
+down_all() {
+  for d in ${STARTED[@]+"${STARTED[@]}"}; do
+    echo "== sandbox down ($d)"
+    ray-slurm sandbox down --state-dir "$d" || true
+  done
+}
+trap down_all EXIT
 
-echo "== pytest"
-# Under CI a skipped test fails (tests/conftest.py), so "all passed" means all ran.
-python -m pytest -m 'not gpu' -p no:cacheprovider --import-mode=importlib \
-  --timeout="${PYTEST_TIMEOUT:-900}" tests/ "$@"
+# phase NAME STATE_DIR "UP ARGS" PYTEST ARGS...: start (or reuse) a sandbox, run pytest on it.
+phase() {
+  local name="$1" dir="$2" up_args="$3"
+  shift 3
+  echo "== sandbox ($name)"
+  export RAY_SLURM_SANDBOX_DIR="$dir"
+  if ray-slurm sandbox status --state-dir "$dir" >/dev/null 2>&1; then
+    echo "reusing the sandbox already running at $dir (left running)"
+  else
+    STARTED+=("$dir")
+    # shellcheck disable=SC2086
+    ray-slurm sandbox up --install $up_args --state-dir "$dir"
+  fi
+  # shellcheck disable=SC1091
+  source "$dir/env.sh"
+  ray-slurm sandbox status --state-dir "$dir" | head -1
+  sinfo -N -o '%N %P %T %c %m %G'
+  echo "== pytest ($name)"
+  # Under CI a skipped test fails (tests/conftest.py), so "all passed" means all ran. A
+  # failing phase does not stop the later ones; the script fails at the end.
+  "${PYTEST[@]}" "$@" || FAILED+=("$name")
+  if [ "${STARTED[-1]:-}" = "$dir" ]; then
+    ray-slurm sandbox down --state-dir "$dir"
+    unset 'STARTED[-1]'
+  fi
+}
+
+for p in $PHASES; do
+  case "$p" in
+    1) # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
+       phase "Slurm 22.05, docker, podman, 2 users" "$MAIN_DIR" \
+         "--docker --users 2 --port-offset $OFFSET" \
+         -m 'not gpu and not accounting' tests/ "$@" ;;
+    2) for rel in 24.11 26.05; do
+         phase "Slurm $rel" "$MAIN_DIR-$rel" "--slurm $rel --port-offset $((OFFSET + 100))" \
+           -m 'not gpu' "${MATRIX[@]}" "$@"
+       done ;;
+    3) phase "Slurm 22.05 with accounting" "$MAIN_DIR-acct" \
+         "--accounting --users 2 --port-offset $((OFFSET + 100))" \
+         -m accounting tests/accounting "$@" ;;
+    *) echo "unknown phase $p (phases: 1 2 3)" >&2; exit 2 ;;
+  esac
+done
+
+if [ ${#FAILED[@]} -gt 0 ]; then
+  printf '== FAILED: %s\n' "${FAILED[@]}"
+  exit 1
+fi
+echo "== all phases passed: $PHASES"

@@ -128,7 +128,9 @@ class Sandbox:
         """Start whatever is not running and wait until it all works; return `env()`.
 
         Checks root and packages first (``install=True`` runs apt-get). A second call on a
-        healthy sandbox starts nothing.
+        healthy sandbox starts nothing. When a step fails on a sandbox that was not running,
+        everything it started is stopped again; the state dir (with the logs the error
+        names) stays until `down`.
         """
         prereq.check_root()
         prereq.ensure_packages(self.spec.docker, install, root=self.spec.in_root,
@@ -141,19 +143,25 @@ class Sandbox:
         if os.path.isdir(self.state_dir) and not files.looks_like_sandbox(self.layout):
             raise SandboxError(f"{self.state_dir} exists and is not a sandbox state dir "
                                "(no sandbox.json); choose an empty or new directory")
-        with files.locked(self.layout):
-            saved = files.read_spec(self.layout)
-            if saved is not None and saved != self.spec and self._alive_entries():
-                raise SandboxError(
-                    f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
-                    "run `ray-slurm sandbox down` first, or use another --state-dir")
-            files.prepare(self.layout, self.spec)
-            users.ensure(self.layout, self.spec.users, self.spec.port_offset)  # before dockerd
-            self._forget_unknown()
-            bringup.start_missing(self.layout, self.spec, self._registry,
-                                  self._alive_entries(), [u.name for u in self.users()])
-            daemons.ensure_token(self.layout, self.spec)
-            files.write_env_sh(self.layout, self.env())
+        fresh = not (os.path.isdir(self.state_dir) and self._alive_entries())
+        try:
+            with files.locked(self.layout):
+                saved = files.read_spec(self.layout)
+                if saved is not None and saved != self.spec and self._alive_entries():
+                    raise SandboxError(
+                        f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
+                        "run `ray-slurm sandbox down` first, or use another --state-dir")
+                files.prepare(self.layout, self.spec)
+                users.ensure(self.layout, self.spec.users, self.spec.port_offset)
+                self._forget_unknown()
+                bringup.start_missing(self.layout, self.spec, self._registry,
+                                      self._alive_entries(), [u.name for u in self.users()])
+                daemons.ensure_token(self.layout, self.spec)
+                files.write_env_sh(self.layout, self.env())
+        except BaseException:
+            if fresh:  # nothing half-running: stop what this call started, keep the logs
+                self.down(keep_state_dir=True)
+            raise
         return self.env()
 
     def _alive_entries(self) -> dict[str, Entry]:
@@ -220,9 +228,10 @@ class Sandbox:
 
     # -- down ---------------------------------------------------------------------------------
 
-    def down(self) -> None:
+    def down(self, keep_state_dir: bool = False) -> None:
         """Cancel the sandbox's jobs, remove its containers, stop every daemon `up` started
-        (SIGTERM together, SIGKILL after a deadline) and remove the state dir."""
+        (SIGTERM together, SIGKILL after a deadline) and remove the state dir (unless
+        `keep_state_dir`: a failed `up` keeps its logs)."""
         if not os.path.isdir(self.state_dir):
             return
         if not files.looks_like_sandbox(self.layout):
@@ -248,7 +257,8 @@ class Sandbox:
             left += kill_pids(late, term_timeout_s=5.0) if late else []
             saved = files.read_spec(self.layout) or self.spec
             kept = users.remove(self.layout, saved.port_offset)
-            files.remove_state_dir(self.layout)
+            if not keep_state_dir:
+                files.remove_state_dir(self.layout)
         if left:
             raise SandboxError(f"processes survived SIGKILL: {left}")
         if kept:

@@ -121,7 +121,8 @@ def test_a_qos_job_limit_gives_what_it_allows_and_says_why(
                         "time": "1:00:00"}}))
     head = str(c.head()["job_id"])
     c.ray("job", "submit", "--no-wait", "--address", c.dashboard, "--", "python", "-c",
-          "import ray, time; ray.init(); f = ray.remote(resources={'lim': 1})(time.sleep);"
+          "import ray, time; ray.init();"
+          " f = ray.remote(resources={'lim': 1})(lambda s: time.sleep(s));"
           " ray.get([f.remote(600) for _ in range(5)])")
     def running() -> list[str]:
         return [j for j, st in c.jobs() if j != head and st == "RUNNING"]
