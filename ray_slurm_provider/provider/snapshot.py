@@ -110,15 +110,27 @@ def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRec
 
 
 def keep_created(nodes: dict[str, NodeRecord], current: Mapping[str, NodeRecord],
-                 born: dict[str, int], gone: Container[str], listing: int) -> None:
+                 born: dict[str, int], gone: Container[str], listing: int,
+                 listed: Container[str]) -> bool:
     """Add to listing number `listing`'s `nodes` the ones created while it was in flight (it
     cannot know them; `born[id]` = how many listings had started at creation), and forget the
-    creations a listing started later has settled either way (listed, or gone)."""
+    creations a listing started later has settled either way (listed, or gone).
+
+    A creation the first later listing does not find at all (`listed`: every job id Slurm
+    listed; preempted or failed within a tick) stays in that listing once more: autoscaler v2
+    matches its launch requests to listed nodes, and one it never sees keeps its request
+    waiting until a timeout (120 s). Returns True when it kept such a node."""
+    ghost = False
     for job_id, when in list(born.items()):
-        if job_id in nodes or when < listing:
+        settled = job_id in nodes or when < listing
+        if settled:
             del born[job_id]
-        elif job_id in current and job_id not in gone:
+        if job_id in nodes or job_id not in current or job_id in gone:
+            continue
+        if not settled or job_id not in listed:
             nodes[job_id] = current[job_id]
+            ghost = ghost or settled
+    return ghost
 
 
 def describe(node_id: str, rec: NodeRecord | None) -> str:

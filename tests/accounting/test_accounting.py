@@ -31,7 +31,7 @@ from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import SlurmClient
 from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 from ray_slurm_provider.slurm.script import JobSpec
-from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
+from tests.e2e.harness import RAY, ROOT, RayCluster, log_lines, squeue, wait_for
 
 pytestmark = [pytest.mark.accounting, pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
@@ -137,9 +137,12 @@ def test_a_qos_job_limit_gives_what_it_allows_and_says_why(
     assert len([j for j, _ in c.jobs() if j != head]) == 2, c.jobs()
     text = "\n".join(cli_lines(c, capsys))
     assert "lim: launch failing (rejected" in text and "QOSMaxSubmitJobPerUserLimit" in text
-    status = c.ray("status", "-v", "--address", f"{c.head()['ip']}:{c.head()['gcs_port']}",
-                   check=False)
-    assert "QOSMaxSubmitJobPerUserLimit" in status.stdout + status.stderr, status.stdout
+    # Ray 2.60's autoscaler v2 shows the failed launches but drops the provider's words
+    # (instance_manager/node_provider.py builds LaunchNodeError without details); the
+    # autoscaler's own log has them.
+    status = c.ray("status", "-v", "--address", f"{c.head()['ip']}:{c.head()['gcs_port']}")
+    assert "lim: LaunchFailed" in status.stdout, status.stdout
+    assert log_lines(c.monitor_log(), 0, r"Failed to launch .* lim: .*QOSMaxSubmitJobPerUser")
 
 
 def _status(c: RayCluster, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -184,6 +187,10 @@ def test_a_preempted_worker_is_replaced_and_its_task_completes(
         wait_for(lambda: worker not in [j for j, _ in c.jobs()], 120, "the worker preempted")
         out = wait_for(lambda: _job_done(c, sub.group(0)), 300, "the task retried elsewhere")
         assert "RESULT done" in out, out
+        # The replacement was asked for at once, not when Ray gave up waiting for the
+        # preempted worker's launch request (it was preempted within a tick of its launch
+        # and never listed; provider/snapshot.py keep_created).
+        assert not log_lines(c.monitor_log(), 0, r"queue again to launch after timeout")
         assert len(set(marker.read_text().split())) == 2 and first[0] in marker.read_text()
         lines = wait_for(lambda: [ln for ln in _ended(c, capsys) if worker in ln
                                   and "PREEMPTED" in ln], 120, "status to say PREEMPTED")
@@ -198,7 +205,8 @@ def _node_of(job_id: str) -> str:
 
 
 def _job_done(c: RayCluster, sub: str) -> str | None:
-    st = c.ray("job", "status", "--address", c.dashboard, sub, check=False).stdout
+    cp = c.ray("job", "status", "--address", c.dashboard, sub, check=False)
+    st = (cp.stdout + cp.stderr).upper()
     if "SUCCEEDED" in st or "FAILED" in st:
         return c.ray("job", "logs", "--address", c.dashboard, sub).stdout
     return None

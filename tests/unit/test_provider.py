@@ -147,6 +147,8 @@ def test_completing_and_finished_jobs_are_terminated(tmp_path: Path) -> None:
     a, b = p.create_node({}, WORKER_TAGS, 2)
     f.set_state(a, "COMPLETING")
     f.finish(b, "TIMEOUT")
+    # b left the queue before any listing saw it: listed once more (see below), then not.
+    assert p.non_terminated_nodes({}) == [b]
     assert p.non_terminated_nodes({}) == []
 
 
@@ -265,11 +267,19 @@ def test_a_node_created_while_a_listing_is_in_flight_survives_it(tmp_path: Path)
     assert p.non_terminated_nodes({}) == [new]  # and the next listing sees it from Slurm
 
 
-def test_a_created_node_slurm_no_longer_lists_is_dropped(tmp_path: Path) -> None:
+def test_a_created_node_slurm_no_longer_lists_is_listed_once_more_then_dropped(
+        tmp_path: Path) -> None:
+    """Issue 15: a worker preempted within one tick of its launch was never listed, so
+    autoscaler v2 (which matches its launch requests to listed nodes by type) kept waiting
+    for it: the replacement came only when the request timed out (120 s, measured on the
+    sandbox). Listed once more, v2 sees the node come and go and asks again at once."""
     p, f = make(tmp_path)
     (new,) = p.create_node_with_resources_and_labels({}, WORKER_TAGS, 1, {"CPU": 1}, {})
-    f.jobs.pop(new)  # gone before any listing saw it (e.g. failed at once)
+    f.jobs.pop(new)  # gone before any listing saw it (preempted, failed at once)
+    assert p.non_terminated_nodes({}) == [new]
+    assert p.node_tags(new)[TAG_RAY_USER_NODE_TYPE] == "cpu_worker"
     assert p.non_terminated_nodes({}) == [] and p.is_terminated(new)
+    assert p.non_terminated_nodes({}) == []
 
 
 class DeafSlurm(FakeSlurm):
