@@ -9,7 +9,7 @@
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
 #                          use it with a suffix)
 #   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandboxes' ports (to run beside another sandbox;
-#                          phases 2-3 add 100, so they never meet a reused phase-1 sandbox)
+#                          24.11, 26.05 and accounting add 100, 200, 300: no two phases meet)
 #   RSP_PHASES             which phases to run (default "1 2 3")
 #   PYTEST_TIMEOUT         per-test timeout in seconds (default 900)
 # A sandbox this script starts is always taken down on exit; one that already ran before it
@@ -34,18 +34,13 @@ ruff check .
 echo "== mypy --strict"
 mypy --strict
 
-STARTED=()
 FAILED=()
-down_all() {
-  for d in ${STARTED[@]+"${STARTED[@]}"}; do
-    echo "== sandbox down ($d)"
-    ray-slurm sandbox down --state-dir "$d" || true
-  done
-}
-trap down_all EXIT
 
-# phase NAME STATE_DIR "UP ARGS" PYTEST ARGS...: start (or reuse) a sandbox, run pytest on it.
-phase() {
+# phase NAME STATE_DIR "UP ARGS" PYTEST ARGS...: in a subshell (its own environment and exit
+# trap), start (or reuse) a sandbox, run pytest on it, take down what it started. Any failing
+# step fails the phase, never the later phases. (Called in a `||` list, where bash ignores
+# `set -e`: every step says `|| exit 1` itself.)
+phase() (
   local name="$1" dir="$2" up_args="$3"
   shift 3
   echo "== sandbox ($name)"
@@ -53,37 +48,33 @@ phase() {
   if ray-slurm sandbox status --state-dir "$dir" >/dev/null 2>&1; then
     echo "reusing the sandbox already running at $dir (left running)"
   else
-    STARTED+=("$dir")
+    trap 'echo "== sandbox down ($name)"; ray-slurm sandbox down --state-dir "$dir"' EXIT
     # shellcheck disable=SC2086
-    ray-slurm sandbox up --install $up_args --state-dir "$dir"
+    ray-slurm sandbox up --install $up_args --state-dir "$dir" || exit 1
   fi
   # shellcheck disable=SC1091
-  source "$dir/env.sh"
+  source "$dir/env.sh" || exit 1
   ray-slurm sandbox status --state-dir "$dir" | head -1
-  sinfo -N -o '%N %P %T %c %m %G'
+  sinfo -N -o '%N %P %T %c %m %G' || exit 1
   echo "== pytest ($name)"
-  # Under CI a skipped test fails (tests/conftest.py), so "all passed" means all ran. A
-  # failing phase does not stop the later ones; the script fails at the end.
-  "${PYTEST[@]}" "$@" || FAILED+=("$name")
-  if [ "${STARTED[-1]:-}" = "$dir" ]; then
-    ray-slurm sandbox down --state-dir "$dir"
-    unset 'STARTED[-1]'
-  fi
-}
+  # Under CI a skipped test fails (tests/conftest.py), so "all passed" means all ran.
+  "${PYTEST[@]}" "$@"
+)
 
 for p in $PHASES; do
   case "$p" in
     1) # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
-       phase "Slurm 22.05, docker, podman, 2 users" "$MAIN_DIR" \
-         "--docker --users 2 --port-offset $OFFSET" \
-         -m 'not gpu and not accounting' tests/ "$@" ;;
+       name="Slurm 22.05, docker, podman, 2 users"
+       phase "$name" "$MAIN_DIR" "--docker --users 2 --port-offset $OFFSET" \
+         -m 'not gpu and not accounting' tests/ "$@" || FAILED+=("$name") ;;
     2) for rel in 24.11 26.05; do
-         phase "Slurm $rel" "$MAIN_DIR-$rel" "--slurm $rel --port-offset $((OFFSET + 100))" \
-           -m 'not gpu' "${MATRIX[@]}" "$@"
+         off=$((OFFSET + (${rel%%.*} == 24 ? 100 : 200)))
+         phase "Slurm $rel" "$MAIN_DIR-$rel" "--slurm $rel --port-offset $off" \
+           -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm $rel")
        done ;;
-    3) phase "Slurm 22.05 with accounting" "$MAIN_DIR-acct" \
-         "--accounting --users 2 --port-offset $((OFFSET + 100))" \
-         -m accounting tests/accounting "$@" ;;
+    3) name="Slurm 22.05 with accounting"
+       phase "$name" "$MAIN_DIR-acct" "--accounting --users 2 --port-offset $((OFFSET + 300))" \
+         -m accounting tests/accounting "$@" || FAILED+=("$name") ;;
     *) echo "unknown phase $p (phases: 1 2 3)" >&2; exit 2 ;;
   esac
 done

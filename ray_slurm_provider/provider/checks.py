@@ -99,7 +99,7 @@ def _gpus(gres: str) -> list[tuple[str, int]]:
     out = []
     for item in re.sub(r"\([^)]*\)", "", gres).split(","):
         bits = item.strip().split(":")
-        if bits[0] == "gpu":
+        if bits[0].removeprefix("gres/") == "gpu":
             count = int(bits[-1]) if len(bits) > 1 and bits[-1].isdigit() else 1
             out.append((bits[1] if len(bits) == 3 else "", count))
     return out

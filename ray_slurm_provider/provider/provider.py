@@ -134,8 +134,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
             tags=self._tags)
         nodes, strays = snap.nodes, snap.strays
         with self._lock:
-            listed = {j.job_id for j in jobs} if self._born else set()
-            if keep_created(nodes, self._nodes, self._born, self._gone, listing, listed):
+            if keep_created(nodes, self._nodes, self._born, self._gone, listing):
                 self._gen = None  # next tick rebuilds its records: the kept one is gone
             if self._gone:  # forget a cancelled job once Slurm no longer lists it
                 listed = {j.job_id for j in jobs}

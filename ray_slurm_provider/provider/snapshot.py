@@ -110,16 +110,15 @@ def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRec
 
 
 def keep_created(nodes: dict[str, NodeRecord], current: Mapping[str, NodeRecord],
-                 born: dict[str, int], gone: Container[str], listing: int,
-                 listed: Container[str]) -> bool:
+                 born: dict[str, int], gone: Container[str], listing: int) -> bool:
     """Add to listing number `listing`'s `nodes` the ones created while it was in flight (it
     cannot know them; `born[id]` = how many listings had started at creation), and forget the
     creations a listing started later has settled either way (listed, or gone).
 
-    A creation the first later listing does not find at all (`listed`: every job id Slurm
-    listed; preempted or failed within a tick) stays in that listing once more: autoscaler v2
-    matches its launch requests to listed nodes, and one it never sees keeps its request
-    waiting until a timeout (120 s). Returns True when it kept such a node."""
+    A worker the first later listing does not show active (gone, or COMPLETING: preempted or
+    failed within a tick) stays in that listing once more: autoscaler v2 matches its launch
+    requests to listed nodes, and one it never sees keeps its request waiting until a
+    timeout (120 s). Returns True when it kept such a node."""
     ghost = False
     for job_id, when in list(born.items()):
         settled = job_id in nodes or when < listing
@@ -127,7 +126,7 @@ def keep_created(nodes: dict[str, NodeRecord], current: Mapping[str, NodeRecord]
             del born[job_id]
         if job_id in nodes or job_id not in current or job_id in gone:
             continue
-        if not settled or job_id not in listed:
+        if not settled or current[job_id].tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER:
             nodes[job_id] = current[job_id]
             ghost = ghost or settled
     return ghost

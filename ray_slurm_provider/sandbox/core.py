@@ -7,6 +7,7 @@ cluster through ``SLURM_CONF`` (see `Sandbox.env`). Needs root and the Debian pa
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -143,9 +144,10 @@ class Sandbox:
         if os.path.isdir(self.state_dir) and not files.looks_like_sandbox(self.layout):
             raise SandboxError(f"{self.state_dir} exists and is not a sandbox state dir "
                                "(no sandbox.json); choose an empty or new directory")
-        fresh = not (os.path.isdir(self.state_dir) and self._alive_entries())
+        fresh = False  # decided under the lock: another `up` may be starting it right now
         try:
             with files.locked(self.layout):
+                fresh = not self._alive_entries()
                 saved = files.read_spec(self.layout)
                 if saved is not None and saved != self.spec and self._alive_entries():
                     raise SandboxError(
@@ -160,7 +162,8 @@ class Sandbox:
                 files.write_env_sh(self.layout, self.env())
         except BaseException:
             if fresh:  # nothing half-running: stop what this call started, keep the logs
-                self.down(keep_state_dir=True)
+                with contextlib.suppress(SandboxError, OSError):  # the first error is the one
+                    self.down(keep_state_dir=True)
             raise
         return self.env()
 

@@ -94,6 +94,8 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
         _write_if_changed(layout.epilog, config.render_epilog(layout), 0o755)
     if spec.in_root:
         _prepare_root_entry(layout, spec)
+    else:  # wrappers of another release, left by an earlier `up` at this state dir
+        shutil.rmtree(layout.bin_dir, ignore_errors=True)
     if spec.accounting:
         _mkdir(accounting.db_dir(layout), 0o700)
         conf = accounting.render_dbd_conf(layout, spec.port_offset, accounting.password(layout))

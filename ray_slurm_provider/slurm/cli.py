@@ -29,7 +29,7 @@ from ray_slurm_provider.slurm.client import (
     classify,
     is_job_gone,
 )
-from ray_slurm_provider.slurm.sacct import Accounting
+from ray_slurm_provider.slurm.sacct import Accounting, controller_end
 from ray_slurm_provider.slurm.script import JobSpec, render
 from ray_slurm_provider.units import parse_duration
 
@@ -94,7 +94,13 @@ class CliSlurmClient:
         return self._sbatch(render(spec), [], comment)
 
     def ended_job(self, job_id: str) -> EndedJob | None:
-        """How `job_id` ended, from accounting (sacct); see `EndReader`."""
+        """How `job_id` ended: slurmctld's record while it keeps the job (MinJobAge; no wait
+        for slurmdbd, no accounting needed), else accounting (sacct). See `EndReader`."""
+        try:
+            return controller_end(self._run("scontrol", ["show", "job", "-o", job_id]))
+        except PermanentSlurmError as e:
+            if not is_job_gone(e.slurm_message):
+                raise
         return Accounting(timeout=self._timeout, env=self._base_env).ended_job(job_id)
 
     def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:

@@ -12,18 +12,22 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.slurm.client import (
+    ACTIVE_STATES,
     KEEP_VARS,
     SCRUB_PREFIXES,
     EndedJob,
     PermanentSlurmError,
     classify,
 )
+from ray_slurm_provider.slurm.parse import parse_scontrol_records
 
+T = TypeVar("T")
 DELIM = "\x1f"
 #: sacct -o fields, in order (Reason is last: free text).
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "End", "NodeList", "Reason")
@@ -71,6 +75,22 @@ def parse_sacct(stdout: str) -> list[EndedJob]:
     return out
 
 
+def controller_end(scontrol_out: str) -> EndedJob | None:
+    """How a job ended, from `scontrol show job -o ID`; None while it is still active (or
+    COMPLETING: its end is not final yet)."""
+    for rec in parse_scontrol_records(scontrol_out, "JobId"):
+        state = rec.get("JobState", "").split()[0] if rec.get("JobState") else ""
+        if not state or state in ACTIVE_STATES or state == "COMPLETING":
+            return None
+        array = rec.get("ArrayJobId")
+        job_id = f"{array}_{rec['ArrayTaskId']}" if array and rec.get("ArrayTaskId") \
+            else rec["JobId"]
+        return EndedJob(job_id=job_id, state=state, exit_code=rec.get("ExitCode", ""),
+                        end=rec.get("EndTime", ""), node=rec.get("NodeList", ""),
+                        reason="" if rec.get("Reason") == "None" else rec.get("Reason", ""))
+    return None
+
+
 def parse_associations(stdout: str) -> list[Association]:
     """From `sacctmgr -n -P show assoc ... format=Account,Partition,QOS,DefaultQOS`."""
     out = []
@@ -89,6 +109,15 @@ class Accounting:
     def __init__(self, *, timeout: float = 30.0, env: Mapping[str, str] | None = None) -> None:
         self._timeout = timeout
         self._env = dict(env) if env is not None else None
+
+    def _parsed(self, parse: Callable[[str], T], argv: Sequence[str]) -> T:
+        """`parse` of what `argv` printed; output it cannot read is a SlurmError too."""
+        out = self._run(argv)
+        try:
+            return parse(out)
+        except ValueError as e:
+            raise PermanentSlurmError(f"{argv[0]}: unexpected output: {e}", str(e),
+                                      argv[0]) from e
 
     def _run(self, argv: Sequence[str]) -> str:
         env = proc.clean_env(self._env if self._env is not None else os.environ,
@@ -110,17 +139,17 @@ class Accounting:
     def ended_jobs(self, job_name: str, since: str = "now-7days",
                    user: str | None = None) -> list[EndedJob]:
         """This user's jobs named `job_name` that ended since `since`, oldest first."""
-        return parse_sacct(self._run([
+        return self._parsed(parse_sacct, [
             "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--name={job_name}",
             f"--user={user or _me()}", f"--starttime={since}", "--endtime=now",
-            f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"]))
+            f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"])
 
     def ended_job(self, job_id: str) -> EndedJob | None:
         """How job `job_id` (123 or 123_4) ended; None while accounting has no end for it
         (slurmdbd records it a moment after the job leaves the queue)."""
-        jobs = parse_sacct(self._run([
+        jobs = self._parsed(parse_sacct, [
             "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--jobs={job_id}",
-            f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"]))
+            f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"])
         return next((j for j in reversed(jobs) if j.job_id == job_id), None)
 
     def associations(self, user: str | None = None) -> list[Association]:

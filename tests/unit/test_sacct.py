@@ -171,3 +171,40 @@ def test_status_shows_ended_nodes_or_why_it_cannot(fake: FakeRun) -> None:
     (line,) = ended_lines({"ended": ended_data(C(), 5)})  # type: ignore[arg-type]
     assert line.startswith("ended nodes: unknown (Slurm accounting storage is disabled")
     assert ended_lines({"ended": ended_data(C(), 0)}) == []  # type: ignore[arg-type]
+
+
+def test_slurmctld_says_how_a_job_ended_before_accounting_has_it(fake: FakeRun) -> None:
+    """The CLI back end asks slurmctld first (it keeps an ended job for MinJobAge): no wait
+    for slurmdbd, which records the end a moment later, and no accounting needed."""
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
+    from ray_slurm_provider.slurm.sacct import controller_end
+
+    assert controller_end(recorded("scontrol_show_job_preempting")[0]) is None  # running
+    end = controller_end(recorded("scontrol_show_job_preempted")[0])
+    assert end is not None and end.state == "PREEMPTED" and end.why == "PREEMPTED (signal 15)"
+    fake.set("scontrol show job", "scontrol_show_job_failed")
+    fake.set("sacct", "sacct_disabled")
+    end = CliSlurmClient().ended_job("43")
+    assert end is not None and end.why == "FAILED (exit 3)" and end.node == "n1"
+    assert [c.argv[0] for c in fake.calls] == ["scontrol"]  # sacct not asked
+
+
+def test_a_job_slurmctld_has_forgotten_is_asked_of_accounting(fake: FakeRun) -> None:
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
+
+    gone = ("", "slurm_load_jobs error: Invalid job id specified\n", 1)
+    fake.set("scontrol show job", gone)
+    fake.set("sacct", "sacct_preempted")
+    end = CliSlurmClient().ended_job("45")
+    assert end is not None and end.state == "PREEMPTED"
+    fake.set("sacct", "sacct_disabled")
+    with pytest.raises(NoAccounting):
+        CliSlurmClient().ended_job("45")
+
+
+def test_output_accounting_cannot_read_is_a_slurm_error(fake: FakeRun) -> None:
+    from ray_slurm_provider.slurm.client import SlurmError
+
+    fake.set("sacct", ("1\x1fonly two fields\n", "", 0))
+    with pytest.raises(SlurmError, match="sacct: unexpected output"):
+        Accounting().ended_jobs("x")

@@ -34,14 +34,14 @@ def test_release_names_are_checked_with_the_choices_named() -> None:
     assert roots.rest_version("22.05") == "v0.0.38" and roots.rest_version("26.05") == "v0.0.44"
 
 
-@pytest.mark.parametrize("kw", [{"docker": True}, {"accounting": True}])
+@pytest.mark.parametrize("kw", [{"docker": True}, {"accounting": True}, {"users": 1}])
 def test_root_releases_refuse_docker_and_accounting(kw: dict[str, bool]) -> None:
     with pytest.raises(ValueError, match=r"only with the host's Slurm 22\.05"):
         SandboxSpec(slurm="26.05", **kw)  # type: ignore[arg-type]
 
 
 def test_spec_round_trips_release_and_accounting() -> None:
-    spec = SandboxSpec(slurm="24.11", users=2)
+    spec = SandboxSpec(slurm="24.11", nodes=2)
     assert SandboxSpec.from_json(spec.to_json()) == spec
     acct = SandboxSpec(accounting=True)
     assert SandboxSpec.from_json(acct.to_json()) == acct
@@ -97,8 +97,8 @@ def test_client_wrapper_runs_the_roots_command_inside_a_root(tmp_path: Path) -> 
     subprocess.run(["sh", "-n", "-c", wrapper], check=True)
     assert roots._q(NASTY + "/enter.sh") in wrapper
     assert f"if [ -e {roots.MARKER} ]; then exec /usr/bin/squeue \"$@\"; fi" in wrapper
-    assert '--map-current-user --mount' in wrapper  # users other than root
-    assert wrapper.count('"$@"') == 3
+    assert "only root can use the sandbox's Slurm" in wrapper  # others cannot mount
+    assert wrapper.count('"$@"') == 2
 
 
 def test_env_sh_puts_the_wrappers_first_and_keeps_the_callers_path() -> None:
