@@ -23,6 +23,7 @@ from ray_slurm_provider.slurm.client import (
     SCRUB_PREFIXES,
     EndedJob,
     PermanentSlurmError,
+    SlurmError,
     classify,
 )
 from ray_slurm_provider.slurm.parse import parse_scontrol_records
@@ -153,9 +154,19 @@ class Accounting:
         return next((j for j in reversed(jobs) if j.job_id == job_id), None)
 
     def associations(self, user: str | None = None) -> list[Association]:
-        """The accounts (and their QOSes) `user` may submit with."""
+        """The accounts (and their QOSes) `user` may submit with on this cluster (one
+        slurmdbd may serve several: its ClusterName, from `scontrol show config`, narrows
+        them; without it, every cluster's)."""
+        where = ["where", f"user={user or _me()}"]
+        try:
+            m = re.search(r"^ClusterName\s*=\s*(\S+)", self._run(["scontrol", "show", "config"]),
+                          re.MULTILINE)
+        except SlurmError:
+            m = None
+        if m:
+            where.append(f"cluster={m.group(1)}")
         return parse_associations(self._run([
-            "sacctmgr", "-n", "-P", "show", "associations", "where", f"user={user or _me()}",
+            "sacctmgr", "-n", "-P", "show", "associations", *where,
             "format=Account,Partition,QOS,DefaultQOS"]))
 
     def qos_names(self) -> list[str]:

@@ -50,6 +50,7 @@ def test_an_end_not_yet_recorded_is_none(fake: FakeRun) -> None:
 def test_no_accounting_is_told_in_slurms_words(fake: FakeRun, name: str) -> None:
     fake.set("sacct", name)
     fake.set("sacctmgr", name)
+    fake.set("scontrol show config", ("ClusterName = sandbox\n", "", 0))
     acct = Accounting()
     with pytest.raises(NoAccounting) as ei:
         acct.ended_job("1") if name.startswith("sacct_") else acct.associations()
@@ -59,7 +60,12 @@ def test_no_accounting_is_told_in_slurms_words(fake: FakeRun, name: str) -> None
 
 def test_associations_and_the_choices_named(fake: FakeRun) -> None:
     fake.set("sacctmgr", "sacctmgr_assoc")
+    fake.set("scontrol show config", ("Configuration data as of 2026-12-02T00:08:00\n"
+                                      "AccountingStorageType   = accounting_storage/slurmdbd\n"
+                                      "ClusterName             = sandbox\n", "", 0))
     assocs = Accounting().associations("root")
+    assert fake.calls[-1].argv[-3:] == ["user=root", "cluster=sandbox",
+                                        "format=Account,Partition,QOS,DefaultQOS"]
     # root also has the association sacctmgr made with the cluster (account root).
     assert {a.account for a in assocs} == {"root", "team-a", "team-b"}
     assert all({"normal", "high", "scavenger", "limited"} <= set(a.qos)
