@@ -5,6 +5,7 @@ scaling resumed within two autoscaler ticks of the restart."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,10 @@ def outage(cluster: RayCluster, sandbox: Sandbox, daemon: str, tmp_path: Path,
     wait_for(d.done, 300, "the outage driver to finish")
     assert d.status() == "SUCCEEDED", d.why()
     result = json.loads(d.result("OUTAGE_RESULT"))
-    submitted = log_lines(log, t_stop, SUBMITTED + r"[\d_, ]+ for (a |\d+ )?worker")
+    # This type's submissions only: another type of the cluster (the hardening suite's
+    # crash_worker) may be launched meanwhile, once its back-off allows.
+    submitted = log_lines(log, t_stop, SUBMITTED + r"[\d_, ]+ for (a |\d+ )?worker.* node "
+                          rf"type {re.escape(ntype)}\b")
     failed_ticks = [t for t, _ in log_lines(log, t_stop, failure) if t <= t_start + 1]
     cancelled = [ln for t, ln in log_lines(log, t_stop, r"Cancelled Slurm jobs") if t < t_release]
     figures = {"down s": round(t_start - t_stop, 1),
