@@ -265,7 +265,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         return self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
-        ids = [str(i) for i in node_ids]
+        ids = self.spare_own_job([str(i) for i in node_ids])
         if not ids:
             return None
         down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids)

@@ -11,6 +11,7 @@ process.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -76,6 +77,18 @@ class TeardownHooks:
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         raise NotImplementedError
+
+    def spare_own_job(self, ids: list[str]) -> list[str]:
+        """`ids` without the job this process runs in. The head's own autoscaler (its Ray
+        carries RAY_CLOUD_INSTANCE_ID, agent/raystart.py) must never cancel the head: a
+        `ray up` that restarts Ray on it stops the head's Ray node, which autoscaler v2 then
+        terminates (seen on the sandbox); `ray down` runs on the login node."""
+        own = os.environ.get("RAY_CLOUD_INSTANCE_ID")
+        if own not in ids:
+            return ids
+        logger.warning("Not cancelling Slurm job %s: this autoscaler runs in it (its Ray "
+                       "stopped, e.g. for `ray up`); `ray down` ends the cluster", own)
+        return [i for i in ids if i != own]
 
     def wait_for_jobs_to_end(self, ids: Iterable[str]) -> list[str]:
         return wait_ended(lambda: self.slurm.list_jobs(job_name(self.cluster_name)), ids,

@@ -278,3 +278,23 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_the_heads_own_autoscaler_never_cancels_the_head(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on the 24.11 and 26.05 sandboxes: a second `ray up` restarts Ray on the head; the
+    head's own v2 autoscaler, still running, saw the head's Ray node stop and terminated its
+    instance, so the provider cancelled the head job and the cluster with it. The provider
+    in the head's autoscaler (its Ray carries RAY_CLOUD_INSTANCE_ID, raystart.py) spares the
+    job it runs in; `ray up`/`ray down` on the login node still cancel it."""
+    p, f = make(tmp_path)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    (worker,) = p.create_node({}, WORKER_TAGS, 1)
+    monkeypatch.setenv("RAY_CLOUD_INSTANCE_ID", head)
+    p.terminate_nodes([head, worker])
+    assert f.cancelled == [[worker]]
+    assert {j.job_id for j in f.list_jobs("ray-c1")} == {head}
+    monkeypatch.delenv("RAY_CLOUD_INSTANCE_ID")
+    p._sleep = lambda s: f.set_state(head, "CANCELLED")  # type: ignore[assignment]
+    p.terminate_nodes([head])
+    assert f.cancelled[-1] == [head]
