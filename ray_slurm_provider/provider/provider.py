@@ -244,8 +244,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         if head:
             self.cluster_dir.clear_teardown()
             runs.new_run(self.cluster_dir)  # job ids may restart: keep runs' logs apart
-        ids = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type, head,
-                           count)  # one sbatch (an array) if it can
+        ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type,
+                                    head, count)  # one sbatch (an array) if it can
         if head:
             runs.record_head(self.cluster_dir, ids[0])
         logger.info("Submitted Slurm job(s) %s for %s node type %s", ", ".join(ids),
@@ -258,6 +258,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
                 self._nodes[job_id] = NodeRecord(job, dict(tags))
                 self._born[job_id] = self._listings
             created[job_id] = job
+        if refused is not None:  # Slurm took only these: they are recorded, the launch failed
+            raise refused
         return created
 
     # --- terminating -------------------------------------------------------------------

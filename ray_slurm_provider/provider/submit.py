@@ -112,7 +112,8 @@ def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec:
 
 
 def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
-                 tags: dict[str, str], node_type: str, head: bool, count: int) -> list[str]:
+                 tags: dict[str, str], node_type: str, head: bool,
+                 count: int) -> tuple[list[str], Exception | None]:
     """`count` nodes of one type. On a back end that submits arrays (the CLI), ONE
     `sbatch --array` for all of them: each task is a node of its own, id `<array>_<task>`,
     logging to `<array>_<task>.out`. An array Slurm refuses (larger than the site's
@@ -120,7 +121,10 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
     for another reason (a QOS or association job-count limit counts every task) is tried
     one job per node, until Slurm refuses one: the launch then fails with Slurm's words,
     keeping what was queued. Elsewhere (REST, pyslurm), and on a site that refuses even an
-    array of 2, one job per node. A single node is always a plain job."""
+    array of 2, one job per node. A single node is always a plain job.
+
+    Returns the ids queued and, when Slurm did not take them all, the launch error to raise
+    once the caller has recorded them (nothing queued: the error is raised here)."""
     ids: list[str] = []
     if count > 1 and isinstance(slurm, ArraySubmitter) and not guard.arrays_refused:
         aspec = replace(spec, output=spec.output.replace("%j", "%A_%a") if spec.output else None)
@@ -140,6 +144,11 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
                             "job per node", n, node_type, e.slurm_message)
                 break
     while len(ids) < count:
-        ids += guarded_submit(slurm, guard, strays, spec, tags, node_type, head,
-                              queued=len(ids), wanted=count)
-    return ids
+        try:
+            ids += guarded_submit(slurm, guard, strays, spec, tags, node_type, head,
+                                  queued=len(ids), wanted=count)
+        except Exception as e:  # a launch error (guarded_submit): Slurm took only some
+            if not ids:
+                raise
+            return ids, e
+    return ids, None

@@ -331,3 +331,17 @@ def test_a_job_count_limit_queues_what_it_allows_and_says_why_not_the_rest(
     errors = json.loads((p.cluster_dir.root / "errors.json").read_text())
     assert "QOSMaxSubmitJobPerUserLimit" in errors["cpu_worker"]["message"]
     assert not p.guard.arrays_refused  # a limit says nothing about arrays
+
+
+def test_the_nodes_a_limit_let_through_are_recorded_and_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The 2 jobs queued before Slurm refused the rest were neither logged as submitted nor
+    recorded as created (so a listing in flight could drop them); the launch still fails."""
+    from ray.autoscaler.node_launch_exception import NodeLaunchException
+
+    p, _ = make(tmp_path)
+    p._client = JobLimit()
+    with caplog.at_level("INFO"), pytest.raises(NodeLaunchException):
+        p.create_node_with_resources_and_labels({}, WORKER_TAGS, 5, {"CPU": 1}, {})
+    assert "Submitted Slurm job(s) 1000, 1001 for workers of node type cpu_worker" in caplog.text
+    assert set(p._born) == {"1000", "1001"} and set(p._nodes) == {"1000", "1001"}
