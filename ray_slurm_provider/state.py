@@ -91,6 +91,8 @@ class AgentInfo:
     pid: int
     kind: str  # "head" | "worker"
     job_id: str = ""  # the numeric SLURM_JOB_ID (srun's for an array task); older agents: ""
+    container_mounts: list[str] = field(default_factory=list)  # the container's binds and
+    container_gpus: list[str] = field(default_factory=list)  # GPUs: `ray exec` enters alike
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,6 @@ class ClusterDir:
     def node(self, job_id: str) -> NodeDir:
         return NodeDir(self.root / "nodes" / job_id)
 
-    # --- head.json -----------------------------------------------------------------------
     @property
     def head_file(self) -> Path:
         return self.root / _HEAD
@@ -248,7 +249,6 @@ class ClusterDir:
                 return
         self.head_file.unlink(missing_ok=True)
 
-    # --- teardown --------------------------------------------------------------------------
     def mark_teardown(self) -> None:
         """Written when the head's job is cancelled (`ray down`): workers that get SIGTERM
         then stop Ray at once instead of draining towards a GCS that is going away."""

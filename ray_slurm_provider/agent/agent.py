@@ -284,9 +284,9 @@ class Agent:
         threading.Thread(target=self._terminator, daemon=True, name="terminator").start()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
-        self.ndir.write_agent(AgentInfo(host=self.env.get("SLURMD_NODENAME", ""),
-                                        pid=os.getpid(), kind=self.spec.kind,
-                                        job_id=self.job_id))
+        info = AgentInfo(host=self.env.get("SLURMD_NODENAME", ""), pid=os.getpid(),
+                         kind=self.spec.kind, job_id=self.job_id)
+        self.ndir.write_agent(self.container.recorded(info) if self.container else info)
         try:
             try:
                 private_parent(self.temp_dir)

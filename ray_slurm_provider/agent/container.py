@@ -19,6 +19,7 @@ from ray_slurm_provider.config import ContainerConfig
 from ray_slurm_provider.runtimes import RunContext, get_runtime
 from ray_slurm_provider.runtimes.docker import is_tar
 from ray_slurm_provider.schema import load
+from ray_slurm_provider.state import AgentInfo
 
 #: Ray's own settings and the usual GPU-networking families reach the container by name.
 PASS_PREFIXES = ("RAY_", "NCCL_", "FI_", "UCX_", "OMP_", "PYTHON")
@@ -57,11 +58,19 @@ def slurm_mounts(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def python_mounts() -> tuple[str, ...]:
-    """The agent's Python (base prefix, venv) and this package's source, read-only."""
+    """The agent's Python (base prefix, venv) and this package's source, read-only. Debian's
+    own Python (base prefix /usr, never bound whole) brings its interpreter and standard
+    library instead: an image's /usr, or a Slurm root's, has neither."""
     import ray_slurm_provider
 
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+    paths = {os.path.realpath(sys.prefix),
              str(Path(ray_slurm_provider.__file__).resolve().parents[1])}
+    base = os.path.realpath(sys.base_prefix)
+    if base in ("/", "/usr"):
+        ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        paths |= {os.path.realpath(sys.executable), f"/usr/lib/{ver}"}
+    else:
+        paths.add(base)
     keep = sorted(p for p in paths
                   if not any(p != q and p.startswith(q + "/") for q in paths))
     return tuple(f"{p}:{p}:ro" for p in keep if p not in ("/", "/usr"))
@@ -83,6 +92,11 @@ class NodeContainer:
                               drain_timeout_s, extra)
         self.env_names = env_names
         self.log = log
+
+    def recorded(self, info: AgentInfo) -> AgentInfo:
+        """`info` with this container's binds and GPUs: `ray exec` enters it alike."""
+        return replace(info, container_mounts=list(self.ctx.extra_mounts),
+                       container_gpus=list(self.ctx.gpu_ids))
 
     @classmethod
     def from_spec(cls, data: Mapping[str, object] | None, **kw: object) -> NodeContainer | None:

@@ -92,9 +92,6 @@ class SandboxSpec:
         if self.accounting and roots.in_root(self.slurm):
             raise ValueError(f"--accounting runs only with the host's Slurm "
                              f"{roots.HOST_RELEASE} (the roots carry no slurmdbd)")
-        if self.users and roots.in_root(self.slurm):
-            raise ValueError(f"--users runs only with the host's Slurm {roots.HOST_RELEASE} "
-                             "(only root can enter a release's root)")
         if self.docker and roots.in_root(self.slurm):
             raise ValueError(f"--docker runs only with the host's Slurm {roots.HOST_RELEASE} "
                              f"(Slurm {self.slurm} lives in a root without a docker CLI)")

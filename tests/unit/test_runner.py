@@ -169,6 +169,29 @@ def test_runner_works_on_its_view_alone(tmp_path: Path,
     assert view.terminated == ["7_1"]
 
 
+def test_ray_exec_enters_an_apptainer_node_with_the_nodes_binds_and_nv(
+        tmp_path: Path) -> None:
+    """`apptainer exec` starts a second container: it must get the binds and `--nv` the
+    node's agent gave its own (Slurm's config, the bound Python, the job's GPUs), which only
+    the agent knows; an older agent's record without them still gives the config's binds."""
+    ncfg = load(NodeConfig, {"gpus": 1, "container": {
+        "runtime": "apptainer", "image": "/img.sif", "mounts": ["/data:/data:ro"]}},
+        "node_config")
+    r = SrunCommandRunner(View(tmp_path, ncfg), "12")
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="12",
+                                 container_mounts=["/etc/slurm:/etc/slurm:ro"],
+                                 container_gpus=["3"]))
+    argv = r.srun_argv("ray status", in_container=True)
+    inner = argv[argv.index("apptainer"):]
+    assert inner[:3] == ["apptainer", "exec", "--nv"]
+    binds = [inner[i + 1] for i, a in enumerate(inner) if a == "--bind"]
+    assert binds[2:] == ["/etc/slurm:/etc/slurm:ro", "/data:/data:ro"]
+    assert inner[-4:] == ["/img.sif", "bash", "-c", "ray status"]
+    r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="12"))
+    inner = r.srun_argv("true", in_container=True)
+    assert "--nv" not in inner and "/data:/data:ro" in inner
+
+
 def test_a_failed_or_lost_start_is_the_runners_error(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     view = View(tmp_path, NodeConfig())

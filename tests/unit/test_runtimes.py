@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ray_slurm_provider.agent.container import NodeContainer, gpu_ids, slurm_mounts
+from ray_slurm_provider.agent.container import (
+    NodeContainer,
+    gpu_ids,
+    python_mounts,
+    slurm_mounts,
+)
 from ray_slurm_provider.config import ContainerConfig
 from ray_slurm_provider.runtimes import RUNTIMES, RunContext, get_runtime
 
@@ -110,6 +115,43 @@ def test_container_env_passes_ray_settings_by_name(tmp_path: Path) -> None:
     assert passed == {"RAY_AUTH_MODE", "MY_VAR", "A", "DOCKER_HOST"}
     assert full["A"] == "1"
     assert argv[-3:] == ["ray", "start", "--block"]  # the image's ray, not the host path
+
+
+def test_the_agent_records_its_containers_binds_and_gpus(tmp_path: Path) -> None:
+    """What `ray exec` needs to enter an apptainer node alike (test_runner.py uses it)."""
+    from ray_slurm_provider.state import AgentInfo
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("AuthInfo=socket=/run/m/munge.socket\n")
+    nc = NodeContainer(ContainerConfig(runtime="apptainer", image="/i.sif", host_python=True),
+                       cluster_name="c1", job_id="7", temp_dir=str(tmp_path / "t"),
+                       cluster_dir=str(tmp_path), env={"SLURM_JOB_GPUS": "2,3",
+                                                       "SLURM_CONF": str(conf)},
+                       drain_timeout_s=5, head=True, env_names=[], log=print)
+    info = nc.recorded(AgentInfo(host="n1", pid=1, kind="head", job_id="7"))
+    assert info.container_gpus == ["2", "3"] and info.job_id == "7"
+    assert info.container_mounts[:2] == [f"{tmp_path}:{tmp_path}:ro", "/run/m:/run/m"]
+    assert info.container_mounts[2:] == list(python_mounts())
+
+
+def test_a_bound_debian_python_brings_its_interpreter_and_library(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Debian's Python (base prefix /usr, never bound whole) the interpreter and its
+    standard library are bound: an image's own /usr, or a Slurm root's, has neither."""
+    import sys
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to("/usr/bin/python3.11")
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python"))
+    monkeypatch.setattr(sys, "version_info", (3, 11, 2))
+    mounts = python_mounts()
+    assert "/usr/bin/python3.11:/usr/bin/python3.11:ro" in mounts
+    assert "/usr/lib/python3.11:/usr/lib/python3.11:ro" in mounts
+    assert f"{venv}:{venv}:ro" in mounts
+    assert not any(m.startswith("/usr:") for m in mounts)
 
 
 def test_the_container_docs_say_what_the_code_does_about_the_user() -> None:

@@ -34,10 +34,15 @@ def test_release_names_are_checked_with_the_choices_named() -> None:
     assert roots.rest_version("22.05") == "v0.0.38" and roots.rest_version("26.05") == "v0.0.44"
 
 
-@pytest.mark.parametrize("kw", [{"docker": True}, {"accounting": True}, {"users": 1}])
+@pytest.mark.parametrize("kw", [{"docker": True}, {"accounting": True}])
 def test_root_releases_refuse_docker_and_accounting(kw: dict[str, bool]) -> None:
     with pytest.raises(ValueError, match=r"only with the host's Slurm 22\.05"):
         SandboxSpec(slurm="26.05", **kw)  # type: ignore[arg-type]
+
+
+def test_root_releases_take_throwaway_users() -> None:
+    """Their wrappers enter the root in a user namespace (apptainer runs as a user)."""
+    assert SandboxSpec(slurm="26.05", users=2).users == 2
 
 
 def test_spec_round_trips_release_and_accounting() -> None:
@@ -73,6 +78,16 @@ def test_binds_keep_system_dirs_out_and_drop_nested(tmp_path: Path) -> None:
     assert {"/etc/passwd", "/etc/group"} <= set(binds)
 
 
+def test_binds_carry_debians_python_for_the_users_venv(tmp_path: Path) -> None:
+    """The sandbox users' venv runs Debian's python3.X (root's may live under a 0700 home)."""
+    import sys
+
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    binds = roots.host_binds(str(tmp_path / "state"))
+    for path in (f"/usr/bin/{ver}", f"/usr/lib/{ver}"):
+        assert (path in binds) == os.path.exists(path), path
+
+
 def test_entry_script_quotes_every_path(tmp_path: Path) -> None:
     """The mounts the script makes, run with `mount` and friends recording their argv."""
     script = roots.render_enter(NASTY + "/root", ["/tmp", NASTY, "/etc/passwd"])
@@ -97,8 +112,30 @@ def test_client_wrapper_runs_the_roots_command_inside_a_root(tmp_path: Path) -> 
     subprocess.run(["sh", "-n", "-c", wrapper], check=True)
     assert roots._q(NASTY + "/enter.sh") in wrapper
     assert f"if [ -e {roots.MARKER} ]; then exec /usr/bin/squeue \"$@\"; fi" in wrapper
-    assert "only root can use the sandbox's Slurm" in wrapper  # others cannot mount
-    assert wrapper.count('"$@"') == 2
+    assert wrapper.count('"$@"') == 3
+
+
+@pytest.mark.parametrize("uid", ["0", "1500"])
+def test_client_wrapper_enters_as_root_or_in_a_user_namespace(tmp_path: Path, uid: str) -> None:
+    """Root enters with a plain mount namespace; any other user in a user namespace that maps
+    it to itself, with the namespace's capabilities kept for the mounts and the chroot."""
+    wrapper = tmp_path / "squeue"
+    wrapper.write_text(roots.render_client(NASTY + "/enter.sh", "squeue"))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "id").write_text(f"#!/bin/sh\n[ \"$1\" = -u ] && echo {uid} || echo 77\n")
+    (fake / "unshare").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s|' \"$a\"; done\n")
+    for f in (fake / "id", fake / "unshare"):
+        f.chmod(0o755)
+    out = subprocess.run(["sh", str(wrapper), "-h", "it's"], capture_output=True, text=True,
+                         check=True, cwd=tmp_path,
+                         env={"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}).stdout
+    tail = ["--mount", "--propagation", "private", "/bin/sh", NASTY + "/enter.sh", "client",
+            str(tmp_path), "/usr/bin/squeue", "-h", "it's", ""]
+    if uid == "0":
+        assert out.split("|") == tail
+    else:
+        assert out.split("|") == [f"--map-user={uid}", "--map-group=77", "--keep-caps", *tail]
 
 
 def test_env_sh_puts_the_wrappers_first_and_keeps_the_callers_path() -> None:

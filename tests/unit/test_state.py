@@ -33,7 +33,8 @@ def test_node_files_keep_their_json(tmp_path: Path) -> None:
     n.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
                                exports={"A": "$B"}, env={"C": "1"}, before=["echo hi"]))
     assert read_json(n.path / "agent.json") == {"host": "n1", "pid": 42, "kind": "worker",
-                                                "job_id": "15"}
+                                                "job_id": "15", "container_mounts": [],
+                                                "container_gpus": []}
     assert read_json(n.path / "ray.json") == {"ip": "10.0.0.1", "job_id": "15"}
     # Keys are only ever added (an older agent ignores the ones it does not know).
     assert read_json(n.path / "start.json") == {
