@@ -91,8 +91,10 @@ class AgentInfo:
     pid: int
     kind: str  # "head" | "worker"
     job_id: str = ""  # the numeric SLURM_JOB_ID (srun's for an array task); older agents: ""
-    container_mounts: list[str] = field(default_factory=list)  # the container's binds and
-    container_gpus: list[str] = field(default_factory=list)  # GPUs: `ray exec` enters alike
+    # The node container's binds, GPUs and PATH: `ray exec` enters the container alike.
+    container_mounts: list[str] = field(default_factory=list)
+    container_gpus: list[str] = field(default_factory=list)
+    container_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -241,8 +243,7 @@ class ClusterDir:
         return _read(self.head_file, HeadInfo)
 
     def clear_head(self, job_id: str | None = None) -> None:
-        """Remove head.json; with `job_id`, only while it still names that job (a newer head
-        may have taken over)."""
+        """Remove head.json; with `job_id`, only while it names that job (not a newer head)."""
         if job_id is not None:
             info = self.read_head()
             if info is None or info.job_id != job_id:
@@ -263,7 +264,6 @@ class ClusterDir:
     def clear_teardown(self) -> None:
         (self.root / _TEARDOWN).unlink(missing_ok=True)
 
-    # --- tags and node state ---------------------------------------------------------------
     def tags(self, job_id: str) -> dict[str, str]:
         try:
             with open(f"{self._nodes_dir}/{job_id}/{_TAGS}") as f:

@@ -3,7 +3,8 @@
 # real local Slurm sandboxes (needs root), in phases:
 #   1. Slurm 22.05 (the host's), docker + podman, two users: the whole suite but accounting
 #   2. Slurm 24.11 and 26.05 (Debian roots, built once into the cache): the Slurm
-#      integration suites (CLI and REST) and the core `ray up` lifecycle
+#      integration suites (CLI and REST) and the core `ray up` lifecycle; on 26.05 also
+#      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
 # Extra arguments go to pytest in every phase.
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
@@ -66,12 +67,14 @@ for p in $PHASES; do
     1) # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
        name="Slurm 22.05, docker, podman, 2 users"
        phase "$name" "$MAIN_DIR" "--docker --users 2 --port-offset $OFFSET" \
-         -m 'not gpu and not accounting' tests/ "$@" || FAILED+=("$name") ;;
-    2) for rel in 24.11 26.05; do
-         off=$((OFFSET + (${rel%%.*} == 24 ? 100 : 200)))
-         phase "Slurm $rel" "$MAIN_DIR-$rel" "--slurm $rel --port-offset $off" \
-           -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm $rel")
-       done ;;
+         -m 'not gpu and not accounting and not apptainer' tests/ "$@" || FAILED+=("$name") ;;
+    2) phase "Slurm 24.11" "$MAIN_DIR-24.11" "--slurm 24.11 --port-offset $((OFFSET + 100))" \
+         -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 24.11")
+       # 26.05's root packages Apptainer, which runs as an ordinary user: one sandbox user.
+       phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \
+         "--slurm 26.05 --users 1 --port-offset $((OFFSET + 200))" \
+         -m 'not gpu' "${MATRIX[@]}" tests/e2e/test_apptainer.py "$@" \
+         || FAILED+=("Slurm 26.05") ;;
     3) name="Slurm 22.05 with accounting"
        phase "$name" "$MAIN_DIR-acct" "--accounting --users 2 --port-offset $((OFFSET + 300))" \
          -m accounting tests/accounting "$@" || FAILED+=("$name") ;;

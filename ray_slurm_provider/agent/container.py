@@ -83,20 +83,23 @@ class NodeContainer:
         self.cfg = cfg
         self.rt = get_runtime(cfg.runtime)
         extra = slurm_mounts(env) if head and cfg.slurm_access == "mount" else ()
+        path = ""
         if cfg.host_python:
             extra = (*extra, *python_mounts())
             cfg = replace(cfg, ray_command=str(Path(sys.executable).with_name("ray")),
                           python_command=sys.executable)
+            # `python` and `ray` of the bound environment first, as on the host.
+            path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
         self.cfg = cfg
         self.ctx = RunContext(cluster_name, job_id, cfg, temp_dir, cluster_dir, gpu_ids(env),
-                              drain_timeout_s, extra)
+                              drain_timeout_s, extra, path=path)
         self.env_names = env_names
         self.log = log
 
     def recorded(self, info: AgentInfo) -> AgentInfo:
-        """`info` with this container's binds and GPUs: `ray exec` enters it alike."""
+        """`info` with this container's binds, GPUs and PATH: `ray exec` enters it alike."""
         return replace(info, container_mounts=list(self.ctx.extra_mounts),
-                       container_gpus=list(self.ctx.gpu_ids))
+                       container_gpus=list(self.ctx.gpu_ids), container_path=self.ctx.path)
 
     @classmethod
     def from_spec(cls, data: Mapping[str, object] | None, **kw: object) -> NodeContainer | None:
@@ -144,9 +147,8 @@ class NodeContainer:
                if (k.startswith(PASS_PREFIXES) or k in PASS_NAMES or k in self.env_names)}
         if not (self.cfg.gpus and self.ctx.gpu_ids) and "CUDA_VISIBLE_DEVICES" in env:
             out["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        if self.cfg.host_python:
-            # `python` and `ray` of the bound environment first, as on the host.
-            out["PATH"] = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+        if self.ctx.path:
+            out["PATH"] = self.ctx.path
         out.update(self.cfg.environment)
         return out
 

@@ -152,12 +152,13 @@ class SrunCommandRunner(CommandRunnerInterface):
         pcfg = self.provider.pcfg
         job_id = self.job_id()
         # The agent's record: a daemonless runtime starts a second container, which needs
-        # the node container's own binds and GPUs (only the agent in the job knows them).
+        # the node container's own binds, GPUs and PATH (only the agent in the job knows them).
         agent = self.ndir.read_agent()
         rctx = RunContext(self.provider.cluster_name, job_id, ncfg.container,
                           temp_dir(pcfg.temp_dir_root, job_id), str(self.cdir.root),
                           tuple(agent.container_gpus) if agent else (), pcfg.drain_timeout_s,
-                          tuple(agent.container_mounts) if agent else ())
+                          tuple(agent.container_mounts) if agent else (),
+                          path=agent.container_path if agent else "")
         return get_runtime(ncfg.container.runtime), rctx
 
     def step_env(self) -> dict[str, str]:

@@ -30,6 +30,8 @@ class RunContext:
     extra_mounts: tuple[str, ...] = field(default_factory=tuple)
     #: The job's user: containers carry it, and a sweep touches only its own user's.
     owner: int = field(default_factory=os.getuid)
+    #: PATH inside the container where we set it (`host_python`: the bound Python's bin first).
+    path: str = ""
 
     @property
     def name(self) -> str:

@@ -26,6 +26,8 @@ class Apptainer(Runtime):
         out: list[str] = []
         if ctx.cfg.gpus and ctx.gpu_ids:
             out.append("--nv")  # binds the driver; CUDA_VISIBLE_DEVICES from Slurm selects
+        if ctx.path:  # Apptainer passes everything but PATH through
+            out += ["--env", f"PATH={ctx.path}"]
         for m in ctx.mounts():
             out += ["--bind", m]
         return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -56,10 +57,12 @@ def register(sub: Any) -> None:
     _state_dir_arg(st)
     st.set_defaults(func=cmd_status)
 
-    img = ssub.add_parser("image", help="build the sandbox's Ray node image (docker, no "
-                          "registry needed)")
-    img.add_argument("--tag", default="rsp-bind:latest", help="image tag (default rsp-bind:latest)")
-    img.add_argument("--runtime", default="docker", choices=("docker", "podman"))
+    img = ssub.add_parser("image", help="build the sandbox's Ray node image (no registry "
+                          "needed)")
+    img.add_argument("--tag", default=None, help="image tag (default rsp-bind:latest); for "
+                     "apptainer the image directory (default <state dir>/shared/rsp-bind)")
+    img.add_argument("--runtime", default="docker", choices=("docker", "podman", "apptainer"))
+    _state_dir_arg(img)
     img.set_defaults(func=cmd_image)
 
     down = ssub.add_parser("down", help="stop everything `up` started and remove the state dir")
@@ -71,9 +74,12 @@ def cmd_image(args: argparse.Namespace) -> int:
     from ray_slurm_provider.sandbox import image
 
     t0 = time.monotonic()
+    tag = args.tag or image.DEFAULT_TAG
+    if args.runtime == "apptainer" and args.tag is None:
+        tag = os.path.join(Sandbox(args.state_dir).layout.shared_dir, "rsp-bind")
     try:
-        tag = image.build(args.tag, args.runtime)
-    except proc.CommandError as e:
+        tag = image.build(tag, args.runtime)
+    except (proc.CommandError, OSError) as e:
         return _fail("image", e)
     print(f"built {tag} in {time.monotonic() - t0:.1f}s")
     return 0

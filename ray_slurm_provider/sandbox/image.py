@@ -6,12 +6,16 @@ tiny root filesystem (directories, `bin -> usr/bin`-style links, a real `/sbin` 
 At run time the host's `/usr` is bound read-only and the container setting `host_python:
 true` binds the node agent's own Python environment, so Python and Ray inside the container
 are exactly the host's (see testbed.md: 1-2 s to build instead of ~90 s for a full rootfs).
+
+Apptainer takes the same root filesystem as a directory ("sandbox" image): no build tool, no
+registry, and ordinary users run it in a user namespace.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
 import tempfile
 import time
@@ -62,8 +66,31 @@ PODMAN_ARGS = ("--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
                "--events-backend", "file")
 
 
+def build_dir(dest: str) -> str:
+    """Write the image as a directory for apptainer (readable by every user); replaces an
+    older one whole, so a job never sees half an image."""
+    dest = os.path.abspath(dest)
+    os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".rsp-image-", dir=os.path.dirname(dest))
+    try:
+        tar_path = Path(tmp) / "rootfs.tar"
+        rootfs_tar(tar_path)
+        root = Path(tmp) / "root"
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(root, filter="tar")
+        os.chmod(root, 0o755)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(root, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def build(tag: str = DEFAULT_TAG, runtime: str = "docker") -> str:
-    """Build and import the image into docker or podman; return its tag."""
+    """Build and import the image into docker or podman; return its tag. For apptainer,
+    `tag` is the directory to write."""
+    if runtime == "apptainer":
+        return build_dir(tag)
     cli = ["podman", *PODMAN_ARGS] if runtime == "podman" else [runtime]
     with tempfile.TemporaryDirectory(prefix="rsp-image-") as d:
         tar = Path(d) / "rootfs.tar"

@@ -225,7 +225,8 @@ if [ "$mode" = daemon ]; then
     cd "$cwd" 2>/dev/null || cd /
     exec "$@"
 fi
-exec chroot "$root" /bin/sh -c 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"' sh "$cwd" "$@"
+exec /usr/sbin/chroot "$root" \\
+    /bin/sh -c 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"' sh "$cwd" "$@"
 """
 
 

@@ -30,6 +30,27 @@ def pids_with(*needles: str) -> list[int]:
     return [pid for pid, cmd in cmdlines() if all(n in cmd for n in needles)]
 
 
+def environ(pid: int | str) -> dict[str, str]:
+    """A process's environment as it started (root reads anyone's); {} when it is gone."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def owner(pid: int | str) -> int | None:
+    """The real uid of a process, or None when it is gone."""
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def stat_fields(pid: int | str) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name: [0] is the state, [1] the
     parent pid, [11:15] utime, stime, cutime, cstime (clock ticks). Raises OSError when the

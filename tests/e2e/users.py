@@ -74,9 +74,11 @@ class UserCluster(RayCluster):
     def base_env(self) -> dict[str, str]:
         """What a login shell of the user has, plus the sandbox's SLURM_CONF and DOCKER_HOST
         (never root's token or variables)."""
+        path = f"{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+        if "PATH" in self.sandbox_env:  # a release in a root: its client wrappers first
+            path = f"{self.sandbox_env['PATH'].split(os.pathsep)[0]}:{path}"
         env = {"HOME": self.user.home, "USER": self.user.name, "LOGNAME": self.user.name,
-               "PATH": f"{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "SLURM_CONF": self.sandbox_env["SLURM_CONF"]}
+               "PATH": path, "LANG": "C.UTF-8", "SLURM_CONF": self.sandbox_env["SLURM_CONF"]}
         if "DOCKER_HOST" in self.sandbox_env:
             env["DOCKER_HOST"] = self.sandbox_env["DOCKER_HOST"]
         return env

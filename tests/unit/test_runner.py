@@ -180,16 +180,16 @@ def test_ray_exec_enters_an_apptainer_node_with_the_nodes_binds_and_nv(
     r = SrunCommandRunner(View(tmp_path, ncfg), "12")
     r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="12",
                                  container_mounts=["/etc/slurm:/etc/slurm:ro"],
-                                 container_gpus=["3"]))
+                                 container_gpus=["3"], container_path="/venv/bin:/usr/bin"))
     argv = r.srun_argv("ray status", in_container=True)
     inner = argv[argv.index("apptainer"):]
-    assert inner[:3] == ["apptainer", "exec", "--nv"]
+    assert inner[:5] == ["apptainer", "exec", "--nv", "--env", "PATH=/venv/bin:/usr/bin"]
     binds = [inner[i + 1] for i, a in enumerate(inner) if a == "--bind"]
     assert binds[2:] == ["/etc/slurm:/etc/slurm:ro", "/data:/data:ro"]
     assert inner[-4:] == ["/img.sif", "bash", "-c", "ray status"]
     r.ndir.write_agent(AgentInfo(host="n1", pid=1, kind="worker", job_id="12"))
     inner = r.srun_argv("true", in_container=True)
-    assert "--nv" not in inner and "/data:/data:ro" in inner
+    assert "--nv" not in inner and "--env" not in inner and "/data:/data:ro" in inner
 
 
 def test_a_failed_or_lost_start_is_the_runners_error(tmp_path: Path,

@@ -119,6 +119,8 @@ def test_container_env_passes_ray_settings_by_name(tmp_path: Path) -> None:
 
 def test_the_agent_records_its_containers_binds_and_gpus(tmp_path: Path) -> None:
     """What `ray exec` needs to enter an apptainer node alike (test_runner.py uses it)."""
+    import sys
+
     from ray_slurm_provider.state import AgentInfo
 
     conf = tmp_path / "slurm.conf"
@@ -130,6 +132,7 @@ def test_the_agent_records_its_containers_binds_and_gpus(tmp_path: Path) -> None
                        drain_timeout_s=5, head=True, env_names=[], log=print)
     info = nc.recorded(AgentInfo(host="n1", pid=1, kind="head", job_id="7"))
     assert info.container_gpus == ["2", "3"] and info.job_id == "7"
+    assert info.container_path.startswith(f"{os.path.dirname(sys.executable)}:")
     assert info.container_mounts[:2] == [f"{tmp_path}:{tmp_path}:ro", "/run/m:/run/m"]
     assert info.container_mounts[2:] == list(python_mounts())
 

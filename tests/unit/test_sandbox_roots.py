@@ -92,7 +92,7 @@ def test_entry_script_quotes_every_path(tmp_path: Path) -> None:
     """The mounts the script makes, run with `mount` and friends recording their argv."""
     script = roots.render_enter(NASTY + "/root", ["/tmp", NASTY, "/etc/passwd"])
     subprocess.run(["sh", "-n", "-c", script], check=True)
-    assert "pivot_root . .oldroot" in script and "exec chroot" in script
+    assert "pivot_root . .oldroot" in script and "exec /usr/sbin/chroot" in script
     setup = script.split('if [ "$mode" = daemon ]; then\n    cd', 1)[0]
     stubs = "".join(f"{c}() {{ printf '%s|' {c} \"$@\" >>\"$LOG\"; echo >>\"$LOG\"; }}\n"
                     for c in ("mount", "mkdir", "touch"))
