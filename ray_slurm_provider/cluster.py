@@ -150,6 +150,30 @@ def check_scaling(raw: Mapping[str, Any]) -> None:
                               f"{int(high)}; valid: 0 to {int(high)}")
 
 
+def check_gangs(raw: Mapping[str, Any], node_types: Mapping[str, NodeType]) -> None:
+    """A gang type (`nodes: N` >= 2) starts and ends whole groups: its scaling keys must be
+    multiples of N, or the autoscaler could ask for a part of a group; the head is one node."""
+    head = str(raw.get("head_node_type", ""))
+    for t, nt in node_types.items():
+        n, where = nt.node_config.nodes, f"available_node_types.{t}"
+        if n == 1:
+            continue
+        if t == head:
+            raise ConfigError(f"{where}.node_config.nodes: the head is one node; valid: 1")
+        raw_nt = (raw.get("available_node_types") or {}).get(t) or {}
+        if raw_nt.get("max_workers") is None:
+            raise ConfigError(f"{where}.max_workers: a gang type (nodes: {n}) needs its own "
+                              f"max_workers, a multiple of {n}")
+        for key in ("min_workers", "max_workers"):
+            value = int(raw_nt.get(key) or 0)
+            if value % n:
+                top = int(raw_nt["max_workers"])
+                valid = ", ".join(str(k) for k in range(0, max(top, value) + n, n)[:6])
+                raise ConfigError(
+                    f"{where}.{key}: {value} is not a multiple of {where}.node_config.nodes "
+                    f"{n} (a gang type starts whole groups of {n} nodes); valid: {valid}")
+
+
 def check_start_commands(raw: Mapping[str, Any]) -> None:
     """Nothing may follow `ray start` in its command: Ray runs it with --block here (it lives
     as long as the job), so what follows would silently never run."""
@@ -182,6 +206,7 @@ def parse_cluster(raw: Mapping[str, Any]) -> ClusterConfig:
             _strs(nt.get("worker_setup_commands", raw.get("worker_setup_commands"))),
             start)
         node_types[str(t)] = _node_type(str(t), nt, commands)
+    check_gangs(raw, node_types)
     return ClusterConfig(name, provider, str(raw.get("head_node_type", "")), node_types)
 
 

@@ -221,6 +221,12 @@ class NodeConfig:
         "Ray drains and the node leaves, so the autoscaler replaces it while demand remains. "
         "`0` turns it off. Slurm may signal up to a minute early.",
         60)
+    nodes: int = doc(
+        "Slurm nodes per job (`--nodes`). 2 or more makes a gang type: one job of N nodes is "
+        "N Ray nodes (ids `<job>.<k>`), started only once Slurm has all N, ended as one; "
+        "`cpus`, `gpus` and `mem` are per node; the type's `min_workers`/`max_workers` count "
+        "nodes and must be multiples of N.",
+        1)
     cpus: int | None = doc(
         "CPUs of the job (`--cpus-per-task`); default: `resources.CPU`, else the partition's "
         "CPUs per node.",
@@ -279,5 +285,10 @@ def parse_provider(data: Mapping[str, Any]) -> ProviderConfig:
 
 
 def parse_node_config(data: Mapping[str, Any] | None, node_type: str) -> NodeConfig:
-    """One node type's `node_config`, type-checked."""
-    return load(NodeConfig, data or {}, f"available_node_types.{node_type}.node_config")
+    """One node type's `node_config`, type- and value-checked."""
+    path = f"available_node_types.{node_type}.node_config"
+    cfg = load(NodeConfig, data or {}, path)
+    if cfg.nodes < 1:
+        raise ConfigError(f"{path}.nodes: {cfg.nodes} is less than 1; valid: 1 (one node per "
+                          "job) or more (a gang of that many nodes)")
+    return cfg

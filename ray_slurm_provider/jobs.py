@@ -25,6 +25,8 @@ from ray_slurm_provider.state import ClusterDir
 from ray_slurm_provider.units import MIB
 
 COMMENT_PREFIX = "ray-slurm:"
+#: Job-comment tag of a gang job: its number of nodes (provider/gangs.py; not shown to Ray).
+GROUP_TAG = "ray-slurm-nodes"
 #: Linux's limit on a Unix socket path (sun_path holds 108 bytes with the final NUL).
 SOCKET_PATH_MAX = 107
 #: Ray's longest socket path below a job's own temp dir (a 10-digit job id and a 7-digit pid):
@@ -120,6 +122,7 @@ def build_job(
         state_dir=pcfg.state_dir,
         ports_base=port_block(cluster_name, pcfg.ports.base).base,
         ports_pinned=pcfg.ports.base is not None,
+        group_size=ncfg.nodes,
         start_commands=commands.start if kind == "worker" else [],
         resources=dict(resources),
         labels=dict(labels),
@@ -142,9 +145,21 @@ def build_job(
     setup = [*ncfg.prologue]
     if kind == "worker":
         setup += [*commands.initialization, *commands.setup]
+    sizes = slurm_resources(ncfg, resources, pcfg.object_store_fraction)
+    agent = [python, "-m", "ray_slurm_provider.agent", "--spec", spec.to_json()]
+    n = ncfg.nodes
     return JobSpec(
         job_name=job_name(cluster_name),
-        command=[python, "-m", "ray_slurm_provider.agent", "--spec", spec.to_json()],
+        # A gang job: one agent per node, each with its node's share; one agent's error ends
+        # the others, so no group lives on with a node missing (provider/gangs.py).
+        command=agent if n == 1 else [
+            "srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1",
+            # srun does not inherit the job's --cpus-per-task (Slurm 22.05 and later)
+            *([f"--cpus-per-task={sizes['cpus_per_task']}"] if sizes["cpus_per_task"] else []),
+            *agent],
+        nodes=n,
+        ntasks=n,
         partition=ncfg.partition,
         account=ncfg.account,
         qos=ncfg.qos,
@@ -164,5 +179,5 @@ def build_job(
         extra_directives=list(ncfg.extra_directives),
         environment={**pcfg.environment, **ncfg.environment, "PYTHONUNBUFFERED": "1"},
         setup=setup,
-        **slurm_resources(ncfg, resources, pcfg.object_store_fraction),
+        **sizes,
     )

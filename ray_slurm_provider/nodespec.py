@@ -1,5 +1,6 @@
 """The job -> agent contract: what a job needs to start its Ray node (rendered as JSON into
-the job script), and which node id the job is."""
+the job script), and which node id the job is: its job id, or for a gang job of N nodes
+(provider/gangs.py) one id per node, `<job>.<k>`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,29 @@ from typing import Any
 DEFAULT_WORKER_START = ["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]
 
 
-def node_id(env: dict[str, str]) -> str:
+#: Ray node labels of a gang member: its group (the job's id) and its index in the group.
+GROUP_LABEL = "ray-slurm.io/group"
+INDEX_LABEL = "ray-slurm.io/group-index"
+
+
+def node_id(env: dict[str, str], group_size: int = 1) -> str:
     """A job's node id as the provider lists it (squeue %i): `<array>_<task>` for a task of
-    a job array (SLURM_JOB_ID is then the task's own numeric id), else the job id."""
+    a job array (SLURM_JOB_ID is then the task's own numeric id), else the job id; in a gang
+    job, `.<k>` after it, k being the node's index in the job (SLURM_NODEID)."""
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+    job = f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+    return f"{job}.{env['SLURM_NODEID']}" if group_size > 1 else job
+
+
+def member_ids(job_id: str, n: int) -> list[str]:
+    """The node ids of a gang job's N members."""
+    return [f"{job_id}.{k}" for k in range(n)]
+
+
+def split(node_id: str) -> tuple[str, int | None]:
+    """`12.1` -> ("12", 1); `12_3.0` -> ("12_3", 0); a one-node job's id -> (id, None)."""
+    job, dot, k = node_id.rpartition(".")
+    return (job, int(k)) if dot and k.isdigit() else (node_id, None)
 
 
 @dataclass
@@ -28,6 +47,7 @@ class NodeSpec:
     state_dir: str
     ports_base: int
     ports_pinned: bool = False  # provider.ports.base was set: the head never moves the block
+    group_size: int = 1  # nodes per job: a gang job runs one agent per node
     start_commands: list[str] = field(default_factory=list)
     resources: dict[str, int] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from ray_slurm_provider.slurm.client import (
     SlurmError,
     classify,
 )
-from ray_slurm_provider.slurm.parse import parse_gres_gpus
+from ray_slurm_provider.slurm.parse import expand_hostlist, parse_gres_gpus
 from ray_slurm_provider.slurm.script import JobSpec, validate
 from ray_slurm_provider.units import parse_duration
 
@@ -124,7 +124,9 @@ class FakeSlurm:
             if "_" in job_id:  # an array task starts as a job of its own
                 numeric = str(self._next_id)
                 self._next_id += 1
-            fj.job = replace(fj.job, state="RUNNING", reason="", nodes=node, batch_host=node,
+            # `node` may be a node list ("n[1-2]": a gang job); the batch host is its first.
+            fj.job = replace(fj.job, state="RUNNING", reason="", nodes=node,
+                             batch_host=expand_hostlist(node)[0],
                              start_time=_iso(fj.started_at), slurm_job_id=numeric)
 
     def finish(self, job_id: str, state: str = "COMPLETED") -> None:

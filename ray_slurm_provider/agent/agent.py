@@ -6,9 +6,8 @@ job's: `scancel`, the time limit or a node failure end Ray, and Ray ending ends 
 job lingers without a Ray node and no Ray node outlives its job.
 
 The agent reports through the cluster directory (state.py): `agent.json` once it runs,
-`ray.json` (and on the head `head.json`) while Ray is up. It asks Slurm, through the client
-the cluster is configured with, only for its node's address and, with a container, which of
-the cluster's jobs still run.
+`ray.json` (and on the head `head.json`) while Ray is up. It asks Slurm (the cluster's client)
+only for its node's address and, with a container, which of the cluster's jobs still run.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ class Agent:
         self.spec = spec
         self.env = env
         self.job_id = env["SLURM_JOB_ID"]  # numeric: container names, temp dir, srun
-        self.node_id = node_id(env)  # what the provider lists: the state dir, Ray's instance id
+        self.node_id = node_id(env, spec.group_size)  # listed: state dir, Ray's instance id
         self.cdir = ClusterDir(spec.state_dir, spec.cluster_name)
         self.ndir = self.cdir.node(self.node_id)
         self.slurm = slurm_client(spec)
@@ -93,7 +92,9 @@ class Agent:
         # Set once the TERM has been acted on (the terminator thread); waits end on it.
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
-        self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id)
+        # Per job, or per member of a gang job (two may share a host: the sandbox's nodes do).
+        self.temp_dir = temp_dir(spec.temp_dir_root, self.node_id if spec.group_size > 1 else
+                                 self.job_id)
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ray_slurm_provider import auth, shellcmd
+from ray_slurm_provider.nodespec import GROUP_LABEL, INDEX_LABEL, split
 from ray_slurm_provider.ports import port_block
 
 if TYPE_CHECKING:
@@ -93,8 +94,12 @@ def ray_start_argv(
         run_env.setdefault("AUTOSCALER_MAX_LAUNCH_BATCH", "1000")
     for k, v in prog.exports.items():
         run_env[k] = _expand(v, run_env)
-    if spec.labels:
-        run_env["RAY_OVERRIDE_LABELS"] = json.dumps(spec.labels)
+    labels = dict(spec.labels)
+    if spec.group_size > 1:  # a gang member: its group and index (provider/gangs.py)
+        group, index = split(job_id)
+        labels.update({GROUP_LABEL: group, INDEX_LABEL: str(index)})
+    if labels:
+        run_env["RAY_OVERRIDE_LABELS"] = json.dumps(labels)
 
     assert prog.ray_start is not None
     argv = [_ray_binary(), *(_expand(a, run_env) for a in prog.ray_start[1:])]

@@ -18,6 +18,9 @@ from ray_slurm_provider.slurm.client import SlurmError
 
 class WorkerAgent(Agent):
     def run(self) -> int:
+        if self.released():
+            log("this gang member was released before its Ray started; its task ends")
+            return 0
         prog = shellcmd.parse_commands(self.spec.start_commands or DEFAULT_WORKER_START)
         for attempt in range(1, self.spec.attempts + 1):
             started = False
@@ -39,14 +42,30 @@ class WorkerAgent(Agent):
                 log(f"ray start attempt {attempt} failed: {e}")
                 code = 1
             if started or self.terminating:
-                log(f"Ray exited with code {code}; the job ends")
-                return code
+                return self.ended(code)
             log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code})")
             if attempt < self.spec.attempts:
                 self.pause(min(2**attempt, 30))
         log("giving up: Ray never started on this node; ending the job so the autoscaler "
             "can replace it")
         return 1
+
+    def released(self) -> bool:
+        """A gang member the autoscaler terminated (provider/gangs.py): its Ray stops and its
+        task ends with exit 0, so `srun --kill-on-bad-exit` leaves the other members be."""
+        return self.spec.group_size > 1 and self.ndir.stop_requested()
+
+    def ended(self, code: int) -> int:
+        """The job's (in a gang: this task's) exit code once Ray has exited."""
+        if self.released():
+            log(f"Ray exited with code {code}; this gang member was released, its task ends")
+            return 0
+        if self.spec.group_size > 1 and not self.terminating:
+            # Lost: the other members must end too (srun ends them on a non-zero exit).
+            log(f"Ray exited with code {code} on its own; ending the whole gang job")
+            return code or 1
+        log(f"Ray exited with code {code}; the job ends")
+        return code
 
     def watch_head(self) -> None:
         """End this worker's job soon after its head is gone, or its job is (headwatch.py)."""

@@ -24,8 +24,10 @@ from ray_slurm_provider.cli.common import (
     table,
 )
 from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.jobs import GROUP_TAG, decode_tags
+from ray_slurm_provider.nodespec import member_ids
 from ray_slurm_provider.slurm.client import Job, SlurmError
+from ray_slurm_provider.slurm.parse import expand_hostlist
 from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.state import read_json
 from ray_slurm_provider.units import fmt_duration
@@ -53,9 +55,10 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
         tags = decode_tags(j.comment)
         if tags is None:
             continue
+        size = int(tags.pop(GROUP_TAG, "1"))
         tags = {**tags, **cluster.cdir.tags(j.job_id)}
         pending = j.state == "PENDING"
-        rows.append({
+        row: dict[str, Any] = {
             "node_type": tags.get(NODE_TYPE, "?"), "kind": tags.get(KIND, "?"),
             "job_id": j.job_id, "state": j.state, "node": j.batch_host or j.nodes,
             "address": j.node_addr, "ray_up": cluster.cdir.ray_up(j.job_id),
@@ -65,8 +68,25 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
             "reason": j.reason if pending else "",
             "expected_start": j.start_time if pending else "",
             "partition": j.partition,
-        })
+        }
+        if size > 1:  # a gang job: its members beneath it
+            row["node"] = j.nodes
+            row["members"] = member_rows(cluster, j, size)
+            row["ray_up"] = all(m["ray_up"] for m in row["members"])
+        rows.append(row)
     return rows
+
+
+def member_rows(cluster: Cluster, job: Job, size: int) -> list[dict[str, Any]]:
+    """A gang job's members: where each runs, whether its Ray is up or it was released."""
+    hosts = expand_hostlist(job.nodes) if job.nodes and job.state != "PENDING" else []
+    out = []
+    for k, node_id in enumerate(member_ids(job.job_id, size)):
+        up = cluster.cdir.node(node_id).read_ray_up()
+        out.append({"node_id": node_id, "node": hosts[k] if k < len(hosts) else "",
+                    "address": up.ip if up else "", "ray_up": up is not None,
+                    "released": cluster.cdir.node(node_id).stop_requested()})
+    return out
 
 
 def ended_data(cluster: Cluster, limit: int, acct: Accounting | None = None) -> dict[str, Any]:
@@ -130,9 +150,14 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     for r in rows:
         why = f"{r['reason']} ({r['expected_start'] or 'start unknown'})" if r["reason"] else ""
         ray = "up" if r["ray_up"] else (r["ray_status"] or "-")
-        body.append([r["node_type"], r["kind"], r["job_id"], r["state"], r["node"] or "-",
+        job = f"{r['job_id']} (gang of {len(r['members'])})" if "members" in r else r["job_id"]
+        body.append([r["node_type"], r["kind"], job, r["state"], r["node"] or "-",
                      r["address"] or "-", ray, r["resources"], fmt_duration(r["time_left_s"]),
                      why])
+        for m in r.get("members", []):
+            mray = "released" if m["released"] else ("up" if m["ray_up"] else "-")
+            body.append(["", "", f"\u2514 {m['node_id']}", "", m["node"] or "-",
+                         m["address"] or "-", mray, "", "", ""])
     out = table(headers, body)
     head = data["head"]
     if head:

@@ -28,7 +28,7 @@ from ray_slurm_provider.cluster import (
     node_types_section,
     parse_cluster,
 )
-from ray_slurm_provider.config import ConfigError, parse_provider
+from ray_slurm_provider.config import ConfigError, NodeConfig, parse_provider
 from ray_slurm_provider.provider import defaults
 from ray_slurm_provider.provider.checks import (
     check_live,
@@ -143,7 +143,13 @@ def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
 
 class ConfigHooks:
     """The NodeProvider hooks Ray calls on the login node with the whole cluster config
-    (SlurmNodeProvider inherits them)."""
+    (SlurmNodeProvider inherits them), and the node types as parsed from it."""
+
+    cluster: ClusterConfig
+
+    def node_config(self, node_type: str) -> NodeConfig:
+        """A node type's Slurm job settings (the command runner builds its steps from them)."""
+        return self.cluster.node_type(node_type).node_config
 
     @staticmethod
     def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:

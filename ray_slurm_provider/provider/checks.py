@@ -140,6 +140,10 @@ def check_live(cluster: ClusterConfig, info: ClusterInfo,
         part = info.partition(ncfg.partition)
         if part is None:
             continue  # check_partitions names it
+        if part.nodes and ncfg.nodes > len(part.nodes):
+            raise ConfigError(f"{nc}.nodes: {ncfg.nodes} is more than the {len(part.nodes)} "
+                              f"node(s) of partition {part.name!r}; valid: 1 to "
+                              f"{len(part.nodes)}")
         own = time_limit_s(ncfg, nc)
         if own is not None and part.max_time_s is not None and own > part.max_time_s:
             raise ConfigError(

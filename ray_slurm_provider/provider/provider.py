@@ -3,23 +3,24 @@
 Design
 ------
 * A Ray node is a Slurm job, or one task of a job array (N nodes of a type in one sbatch);
-  the node id is squeue's %i (`123`, `123_4`). All jobs of cluster C are named `ray-C`:
-  ONE `squeue --me --array --name=ray-C` lists the whole cluster, every task on its own.
+  the node id is squeue's %i (`123`, `123_4`); a gang job of N nodes is N Ray nodes
+  `<job>.<k>` (gangs.py). All jobs of cluster C are named `ray-C`: ONE
+  `squeue --me --array --name=ray-C` lists the whole cluster, every task on its own.
 * Slurm is the source of truth for which nodes exist. Creation tags (kind, node type, launch
   hash, launch request) ride in the job comment; tags Ray changes later (node status, runtime
-  hashes) live in the cluster directory on the shared filesystem (state.py). Both survive the
-  `ray up` process and are read the same way by the head's autoscaler.
+  hashes) live in the cluster directory on the shared filesystem (state.py), read the same
+  way by `ray up` and the head's autoscaler.
 * `non_terminated_nodes` is the only call that asks Slurm: it refreshes a snapshot under a
   lock, and every other query (`node_tags`, `is_running`, `internal_ip`, ...) is answered from
   it. A failed listing raises -- an empty or partial list would make the autoscaler launch
-  duplicates and strand live nodes. A created node is added to the snapshot at once; a
-  terminated one leaves it at once.
+  duplicates and strand live nodes. A created node joins the snapshot at once, a terminated
+  one leaves it at once.
 * PENDING/CONFIGURING/RUNNING/SUSPENDED jobs are nodes; COMPLETING and final states are not.
 * Workers start Ray themselves in their batch step (agent/) and report it through the
   cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
   check never kills a node that is still starting).
-* The constructor never raises and never calls Slurm: a raising constructor in the head's
-  autoscaler would take the whole head down. Config errors surface on first use instead.
+* The constructor never raises and never calls Slurm (a raising one would take the head's
+  autoscaler down): config errors surface on first use.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from ray.autoscaler.tags import (
 
 from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
-from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
-from ray_slurm_provider.jobs import build_job, job_name
+from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_node_config
+from ray_slurm_provider.jobs import GROUP_TAG, build_job, job_name
+from ray_slurm_provider.nodespec import member_ids, split
 from ray_slurm_provider.provider import runs
 from ray_slurm_provider.provider.bootstrap import ConfigHooks
+from ray_slurm_provider.provider.gangs import GangHooks, groups
 from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
 from ray_slurm_provider.provider.snapshot import (
     NodeRecord,
@@ -68,7 +71,7 @@ from ray_slurm_provider.state import ClusterDir
 logger = logging.getLogger(__name__)
 
 
-class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
+class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
     #: Longer than Slurm takes to end a cancelled job (KillWait, 30 s by default, plus epilog).
     GONE_TTL_S = 120.0
 
@@ -80,6 +83,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         # outlives its scancel must show up again). Created -> listings started by then.
         self._gone: dict[str, float] = {}
         self._born: dict[str, int] = {}
+        self._addrs: dict[str, str] = {}  # node name -> address, for gang members
         self._listings, self._clock, self._sleep = 0, time.monotonic, time.sleep
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
@@ -108,10 +112,6 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
             self._client = make_client(self.pcfg)
         return self._client
 
-    def node_config(self, node_type: str) -> NodeConfig:
-        """A node type's Slurm job settings (the command runner builds its steps from them)."""
-        return self.cluster.node_type(node_type).node_config
-
     def describe_job(self, node_id: str) -> str:
         """One line on where a node's job stands, in Slurm's words."""
         return describe(node_id, self._record(node_id))
@@ -131,7 +131,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         prev, self._gen, self._jobs = (self._nodes if gen == self._gen else {}), gen, jobs
         snap = Snapshot(dict(prev)) if steady else take(
             jobs, prev, gone=self._gone, stray=self.strays.__contains__, submit_tag=SUBMIT_TAG,
-            tags=self._tags)
+            tags=self._tags, released=self.released)
         nodes, strays = snap.nodes, snap.strays
         with self._lock:
             if keep_created(nodes, self._nodes, self._born, self._gone, listing):
@@ -160,15 +160,16 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
                 self.terminate_nodes(strays)
             except SlurmError as e:
                 logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
-        for job_id, rec in vanished_workers(before, nodes, self._gone):
-            if self.cluster_dir.ray_up(job_id):
+        for node_id, rec in vanished_workers(before, nodes, self._gone):
+            job_id = split(node_id)[0]
+            if self.cluster_dir.ray_up(node_id):
                 # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
                 # an orphan: its agent stops it (agent/headwatch.py), so Ray sees the node leave.
                 logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
                                job_id)
                 with contextlib.suppress(OSError):
-                    self.cluster_dir.node(job_id).request_stop()
-            elif job_id not in self._ray_seen:  # died before its Ray came up
+                    self.cluster_dir.node(node_id).request_stop()
+            elif node_id not in self._ray_seen:  # died before its Ray came up
                 died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
                                 job_id, rec.job.state, self.cluster_dir.log(job_id))
         self._ray_seen &= nodes.keys()
@@ -178,10 +179,11 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         for rec in self._heads:
             self.head_time.observe(rec.job)
 
-    def _tags(self, job: Job, created: dict[str, str]) -> dict[str, str]:
-        tags = {**created, **self.cluster_dir.tags(job.job_id)}
+    def _tags(self, node_id: str, job: Job, created: dict[str, str]) -> dict[str, str]:
+        tags = {**created, **self.cluster_dir.tags(node_id)}
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.pcfg.disable_node_updaters:
-            status, came_up = worker_status(job, self._ray_seen, self.cluster_dir.ray_up)
+            status, came_up = worker_status(node_id, job, self._ray_seen,
+                                            self.cluster_dir.ray_up)
             tags[TAG_RAY_NODE_STATUS] = status
             if came_up:
                 self.guard.ray_started(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
@@ -204,7 +206,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
     # None while the job is pending (no node yet), as Ray's cloud providers do.
     def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         rec = self._record(node_id)
-        return (rec.job.node_addr or None) if rec else None
+        return self.member_ip(node_id, rec.job) if rec else None
 
     def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         return self.internal_ip(node_id)
@@ -244,8 +246,10 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         if head:
             self.cluster_dir.clear_teardown()
             runs.new_run(self.cluster_dir)  # job ids may restart: keep runs' logs apart
-        ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec, tags, node_type,
-                                    head, count)  # one sbatch (an array) if it can
+        n = nt.node_config.nodes  # a gang type: whole groups of n nodes, one job each
+        ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec,
+                                    {**tags, GROUP_TAG: str(n)} if n > 1 else tags, node_type,
+                                    head, groups(count, n))  # one sbatch (an array) if it can
         if head:
             runs.record_head(self.cluster_dir, ids[0])
         logger.info("Submitted Slurm job(s) %s for %s node type %s", ", ".join(ids),
@@ -254,10 +258,11 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         for job_id in ids:
             job = Job(job_id=job_id, name=spec.job_name, state="PENDING",
                       partition=nt.node_config.partition or "")
-            with self._lock:
-                self._nodes[job_id] = NodeRecord(job, dict(tags))
-                self._born[job_id] = self._listings
-            created[job_id] = job
+            for node_id in member_ids(job_id, n) if n > 1 else [job_id]:
+                with self._lock:
+                    self._nodes[node_id] = NodeRecord(job, dict(tags))
+                    self._born[node_id] = self._listings
+                created[node_id] = job
         if refused is not None:  # Slurm took only these: they are recorded, the launch failed
             raise refused
         return created
@@ -267,8 +272,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         return self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
-        ids = self.spare_own_job([str(i) for i in node_ids])
-        if not ids:
+        ids = self.to_cancel(self.spare_own_job([str(i) for i in node_ids]))
+        if not ids:  # nothing, or gang members whose groups live on (gangs.py)
             return None
         down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids)
         if down:
@@ -277,9 +282,10 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, NodeProvider):
         with self._lock:
             now = self._clock()
             for i in ids:
-                self._nodes.pop(i, None)
+                for node_id in self.members(i):
+                    self._nodes.pop(node_id, None)
                 self._gone[i] = now
-        self.cluster_dir.forget(ids)
+        self.cluster_dir.forget(self.node_dirs(ids))
         logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
             self.wait_for_jobs_to_end(ids)

@@ -29,7 +29,8 @@ from ray.autoscaler.tags import (
     TAG_RAY_NODE_STATUS,
 )
 
-from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.jobs import GROUP_TAG, decode_tags
+from ray_slurm_provider.nodespec import member_ids
 from ray_slurm_provider.slurm.client import Job
 
 
@@ -45,13 +46,14 @@ def unchanged(rec: NodeRecord | None, job: Job) -> bool:
             and rec.tags.get(TAG_RAY_NODE_STATUS) != STATUS_SETTING_UP)
 
 
-def worker_status(job: Job, seen: set[str], ray_up: Callable[[str], bool]) -> tuple[str, bool]:
+def worker_status(node_id: str, job: Job, seen: set[str],
+                  ray_up: Callable[[str], bool]) -> tuple[str, bool]:
     """A worker's status tag (its agent starts Ray, not a node updater), and whether its Ray
     has just been seen up for the first time (then it is added to `seen`)."""
-    if job.job_id in seen:
+    if node_id in seen:
         return STATUS_UP_TO_DATE, False
-    if job.running and ray_up(job.job_id):
-        seen.add(job.job_id)
+    if job.running and ray_up(node_id):
+        seen.add(node_id)
         return STATUS_UP_TO_DATE, True
     return (STATUS_SETTING_UP if job.running else STATUS_UNINITIALIZED), False
 
@@ -67,10 +69,13 @@ class Snapshot:
 
 def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container[str],
          stray: Callable[[str | None], bool], submit_tag: str,
-         tags: Callable[[Job, dict[str, str]], dict[str, str]]) -> Snapshot:
+         tags: Callable[[str, Job, dict[str, str]], dict[str, str]],
+         released: Callable[[str], bool] = lambda _: False) -> Snapshot:
     """The records of this listing's jobs: last tick's record for an unchanged job, else a
     new one from the job comment's creation tags (`tags` adds what the cluster directory
-    holds). Jobs that are not ours, not active, or cancelled by us (`gone`) are left out."""
+    holds). Jobs that are not ours, not active, or cancelled by us (`gone`) are left out.
+    A gang job is a record per member (`<job>.<k>`, all in the job's state), but for the
+    members already `released` (gangs.py)."""
     snap = Snapshot()
     for job in jobs:
         rec = prev.get(job.job_id)
@@ -84,7 +89,16 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container
         if stray(created.pop(submit_tag, None)):
             snap.strays.append(job.job_id)
             continue
-        snap.nodes[job.job_id] = NodeRecord(job, tags(job, created))
+        size = int(created.pop(GROUP_TAG, "1"))
+        for node_id in member_ids(job.job_id, size) if size > 1 else [job.job_id]:
+            rec = prev.get(node_id) if size > 1 else None
+            if size > 1 and released(node_id):
+                continue
+            if rec is not None and unchanged(rec, job):
+                rec.job = job
+                snap.nodes[node_id] = rec
+            else:
+                snap.nodes[node_id] = NodeRecord(job, tags(node_id, job, dict(created)))
     return snap
 
 

@@ -134,6 +134,35 @@ def test_status_rows_from_one_listing(tmp_path: Path) -> None:
         {"cluster": "x", "job_name": "ray-x", "nodes": [], "other_jobs": 0, "head": None})[0]
 
 
+def test_status_shows_a_gang_as_one_job_with_its_nodes_beneath(tmp_path: Path) -> None:
+    """Issue 16.5: one row for the group's job, one per member (released ones marked)."""
+    from ray_slurm_provider.jobs import GROUP_TAG
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    gang = fake.submit(JobSpec("ray-sandbox", ["true"], nodes=2, ntasks=2),
+                       comment=encode_tags({"ray-node-type": "worker", GROUP_TAG: "2",
+                                            "ray-user-node-type": "cpu_worker"}))
+    fake.start(gang, "n[2-3]")
+    c.cdir.create()
+    c.cdir.node(f"{gang}.0").write_ray_up(RayUp(ip="127.0.0.3", job_id=gang))
+    c.cdir.node(f"{gang}.1").path.mkdir(parents=True)
+    c.cdir.node(f"{gang}.1").request_stop()
+    data = status.status_data(c)
+    (row,) = data["nodes"]
+    assert row["job_id"] == gang and row["node"] == "n[2-3]"
+    assert row["members"] == [
+        {"node_id": f"{gang}.0", "node": "n2", "address": "127.0.0.3", "ray_up": True,
+         "released": False},
+        {"node_id": f"{gang}.1", "node": "n3", "address": "", "ray_up": False,
+         "released": True}]
+    lines = status.status_lines(data)
+    job_line = next(i for i, ln in enumerate(lines) if f" {gang} (gang of 2) " in ln)
+    first, second = lines[job_line + 1].split(), lines[job_line + 2].split()
+    assert first == ["\u2514", f"{gang}.0", "n2", "127.0.0.3", "up"]
+    assert second == ["\u2514", f"{gang}.1", "n3", "-", "released"]
+
+
 def test_follow_prints_until_the_job_is_gone(tmp_path: Path) -> None:
     log = tmp_path / "1.out"
     out = io.StringIO()

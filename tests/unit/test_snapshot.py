@@ -169,7 +169,7 @@ def test_take_keeps_ours_drops_gone_inactive_and_foreign_and_finds_strays() -> N
             Job(job_id="5", name="ray-c", state="RUNNING", comment="someone else's"),
             Job(job_id="6", name="ray-c", state="PENDING", comment=enc({"nonce": "ok"}))]
     snap = take(jobs, {}, gone={"3"}, stray=lambda n: n == "bad", submit_tag="nonce",
-                tags=lambda job, created: {**created, "seen": job.job_id})
+                tags=lambda node_id, job, created: {**created, "seen": node_id})
     assert sorted(snap.nodes) == ["1", "6"] and snap.strays == ["4"]
     assert snap.nodes["6"].tags == {"seen": "6"}  # the submit tag is not a node tag
 
@@ -180,7 +180,7 @@ def test_take_reuses_an_unchanged_record_with_the_fresh_job() -> None:
     old = NodeRecord(_job("1"), {"kept": "yes"})
     fresh = replace(_job("1"), time_left_s=5)
     snap = take([fresh], {"1": old}, gone=set(), stray=lambda n: False, submit_tag="nonce",
-                tags=lambda job, created: {"rebuilt": "yes"})
+                tags=lambda node_id, job, created: {"rebuilt": "yes"})
     assert snap.nodes["1"] is old and old.tags == {"kept": "yes"} and old.job is fresh
 
 

@@ -1,0 +1,100 @@
+"""Issue 16: the job and the node agent of a gang type. One step runs an agent per node; each
+member is its own Ray node (id, temp dir, labels); a released member ends with exit 0 (its
+group lives on), a member whose Ray dies on its own ends with an error (srun then ends the
+group)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.agent.agent import Agent
+from ray_slurm_provider.agent.worker import WorkerAgent
+from ray_slurm_provider.cluster import parse_cluster
+from ray_slurm_provider.jobs import build_job
+from ray_slurm_provider.nodespec import GROUP_LABEL, INDEX_LABEL, NodeSpec, node_id
+from ray_slurm_provider.slurm.script import render
+from ray_slurm_provider.state import HeadInfo
+from tests.unit.test_agent import FakeChild
+
+ENV = {"SLURM_JOB_ID": "9", "SLURM_NODEID": "1", "SLURM_CPUS_ON_NODE": "2"}
+
+
+def test_a_gang_job_runs_one_agent_per_node_with_the_nodes_share() -> None:
+    cluster = parse_cluster({
+        "cluster_name": "c1", "provider": {"type": "external", "module": "x"},
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"node_config": {}},
+            "g": {"max_workers": 4, "resources": {"CPU": 2, "GPU": 1},
+                  "node_config": {"nodes": 2, "mem": "8G"}}}})
+    spec = build_job(cluster.provider, "c1", cluster.node_type("g"), kind="worker",
+                     python="/venv/bin/python")
+    script = render(spec)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=2", "#SBATCH --cpus-per-task=2",
+                 "#SBATCH --mem=8G", "#SBATCH --gres=gpu:1"):
+        assert line in script.splitlines(), line
+    last = script.splitlines()[-1]
+    assert last.startswith("exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "
+                           "--kill-on-bad-exit=1 --cpus-per-task=2 /venv/bin/python -m "
+                           "ray_slurm_provider.agent --spec ")
+    assert json.loads(spec.command[-1])["group_size"] == 2
+    single = build_job(cluster.provider, "c1", cluster.node_type("head"), kind="head",
+                       python="/venv/bin/python")
+    assert single.command[0] == "/venv/bin/python" and single.nodes == 1
+
+
+def test_member_ids_come_from_slurms_node_index() -> None:
+    assert node_id(ENV) == "9"
+    assert node_id(ENV, 2) == "9.1"
+    assert node_id({**ENV, "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3"}, 2) == "7_3.1"
+
+
+def member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+           children: list[FakeChild]) -> tuple[WorkerAgent, list[dict[str, str]]]:
+    spec = NodeSpec(kind="worker", node_type="g", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"),
+                    group_size=2, labels={"zone": "a"})
+    a = WorkerAgent(spec, {**ENV, "HOME": str(tmp_path)})
+    a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
+    envs: list[dict[str, str]] = []
+
+    def start(argv: list[str], env: Any = None) -> FakeChild:
+        envs.append(dict(env or {}))
+        return children.pop(0)
+
+    monkeypatch.setattr(proc, "start", start)
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
+    monkeypatch.setattr(WorkerAgent, "watch_head", lambda self: None)
+    return a, envs
+
+
+def test_a_member_is_its_own_ray_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, envs = member(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 0)])
+    assert a.node_id == "9.1" and a.ndir.path.name == "9.1"
+    assert a.temp_dir.endswith("/9.1")  # two members may share a host (the sandbox)
+    # Released while Ray runs (the fake Ray has exited by the time this is checked).
+    monkeypatch.setattr(WorkerAgent, "released", lambda self: bool(envs))
+    assert a.main() == 0  # exit 0 leaves the other members be
+    (env,) = envs
+    assert env["RAY_CLOUD_INSTANCE_ID"] == "9.1"
+    assert json.loads(env["RAY_OVERRIDE_LABELS"]) == {"zone": "a", GROUP_LABEL: "9",
+                                                      INDEX_LABEL: "1"}
+
+
+def test_a_member_whose_ray_dies_ends_with_an_error(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = member(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 0)])
+    assert a.main() == 1  # Ray ended on its own (even with 0): srun ends the whole group
+
+
+def test_a_member_released_before_its_ray_started_never_starts_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, envs = member(tmp_path, monkeypatch, [])
+    a.ndir.path.mkdir(parents=True)
+    a.ndir.request_stop()
+    assert a.main() == 0 and envs == []

@@ -1,0 +1,70 @@
+"""Issue 16: a gang node type (`node_config.nodes: N`, N >= 2) is checked before anything is
+submitted, by `ray-slurm validate` and `ray up` alike, each error naming the key path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import pytest
+
+from ray_slurm_provider.config import ConfigError
+from ray_slurm_provider.provider.bootstrap import validate
+from ray_slurm_provider.provider.provider import SlurmNodeProvider
+from tests.unit.test_config_checks import NC, cfg, live  # noqa: F401  (autouse: fake Slurm)
+
+
+def gang(nodes: Any, max_workers: int | None = 4, min_workers: int | None = 0,
+         **node_config: Any) -> dict[str, Any]:
+    c = cfg({"nodes": nodes, **node_config})
+    w = c["available_node_types"]["w"]
+    if max_workers is not None:
+        w["max_workers"] = max_workers
+    if min_workers is not None:
+        w["min_workers"] = min_workers
+    return c
+
+
+@pytest.mark.parametrize("config, match", [
+    (gang(0), rf"{NC}\.nodes: 0 is less than 1; valid: 1 \(one node per job\) or more"),
+    (gang(-2), rf"{NC}\.nodes: -2 is less than 1"),
+    (gang("two"), rf"{NC}\.nodes: expected an integer, got .two."),
+    (gang(2, max_workers=3), r"available_node_types\.w\.max_workers: 3 is not a multiple of "
+     rf"{NC}\.nodes 2 \(a gang type starts whole groups of 2 nodes\); valid: 0, 2, 4"),
+    (gang(2, max_workers=4, min_workers=1), r"available_node_types\.w\.min_workers: 1 is not "
+     rf"a multiple of {NC}\.nodes 2"),
+    (gang(2, max_workers=None), r"available_node_types\.w\.max_workers: a gang type "
+     r"\(nodes: 2\) needs its own max_workers, a multiple of 2"),
+    (gang(2, partition="gpu"), rf"{NC}\.nodes: 2 is more than the 1 node\(s\) of partition "
+     r"'gpu'; valid: 1 to 1"),
+])
+def test_bad_gangs_are_refused_by_validate_and_ray_up(config: dict[str, Any],
+                                                      match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        validate(config)
+    with pytest.raises(click.ClickException, match=match):
+        SlurmNodeProvider.bootstrap_config(config)
+
+
+def test_the_head_is_never_a_gang() -> None:
+    c = cfg()
+    c["available_node_types"]["head"]["node_config"]["nodes"] = 2
+    with pytest.raises(ConfigError, match=r"available_node_types\.head\.node_config\.nodes: "
+                                          r"the head is one node; valid: 1"):
+        validate(c)
+
+
+def test_a_good_gang_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakes import FakeSlurm
+    from tests.unit.test_config_checks import fake
+
+    def two_nodes() -> FakeSlurm:
+        f = fake()
+        f.partitions["cpu"]["nodes"] = ["n1", "n2"]
+        return f
+
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda *_: two_nodes().cluster_info())
+    cluster = validate(gang(2))
+    assert cluster.node_type("w").node_config.nodes == 2
+    assert cluster.node_type("head").node_config.nodes == 1
