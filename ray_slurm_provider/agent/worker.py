@@ -8,6 +8,7 @@ line, and ends the job soon after its head is gone (headwatch.py).
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent import headwatch
@@ -17,6 +18,12 @@ from ray_slurm_provider.slurm.client import SlurmError
 
 
 class WorkerAgent(Agent):
+    signalled = False  # Slurm signalled the job (scancel, time limit, srun ending a gang)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.signalled = True
+        super().on_signal(signum, frame)
+
     def run(self) -> int:
         if self.released():
             log("this gang member was released before its Ray started; its task ends")
@@ -57,7 +64,7 @@ class WorkerAgent(Agent):
 
     def ended(self, code: int) -> int:
         """The job's (in a gang: this task's) exit code once Ray has exited."""
-        if self.released():
+        if self.released() and not self.signalled:
             log(f"Ray exited with code {code}; this gang member was released, its task ends")
             return 0
         if self.spec.group_size > 1 and not self.terminating:
