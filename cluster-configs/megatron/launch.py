@@ -33,9 +33,10 @@ RECIPES: dict[str, dict[str, Any]] = {
     "tiny": {"fn": "tiny_gpt:train", "defaults": {}},
     "deepseek-v2-lite": {
         "fn": "deepseek_v2_lite:train",
-        # The seed's layout and environment: 2 nodes x 8 GPUs on EFA.
+        # The seed's layout and environment: 2 nodes x 8 GPUs on EFA, in one gang node group
+        # (cluster.yaml's gpu_worker: one Slurm job of 2 nodes).
         "defaults": {"nodes": 2, "ranks_per_node": 8, "profile": ["megatron", "efa"],
-                     "cpus_per_rank": 8.0, "stall_timeout": 1800.0},
+                     "cpus_per_rank": 8.0, "stall_timeout": 1800.0, "placement": "group"},
     },
 }
 

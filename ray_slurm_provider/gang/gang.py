@@ -68,8 +68,10 @@ def run_gang(spec: GangSpec, fn: str, payload: Any = None, *,
     t0 = time.monotonic()
     say(f"[launch] run {run_id}: {spec.nodes} node(s) x {spec.ranks_per_node} rank(s), "
         f"bundle {bundle} per node, device={spec.device} backend={spec.resolved_backend} "
-        f"cvd_policy={spec.cvd_policy} max_attempts={spec.max_attempts}")
-    pg = placement.create(spec.nodes, bundle, name=f"{spec.name}-{run_id}")
+        f"cvd_policy={spec.cvd_policy} max_attempts={spec.max_attempts} "
+        f"placement={spec.placement}")
+    pg = placement.create(spec.nodes, bundle, name=f"{spec.name}-{run_id}",
+                          one_group=spec.placement == "group")
     try:
         for n in range(spec.max_attempts):
             try:

@@ -15,6 +15,13 @@ Every rank actor is placed in its node's bundle and takes its own share of it (o
 CPUs), so Ray still hands out distinct GPUs and sets a per-GPU mask that the CVD policy then
 rewrites. The group is always removed in the launcher's `finally`.
 
+On a cluster whose worker type is a gang node type (`node_config.nodes: N`: one Slurm job of
+N nodes, provider/gangs.py), `--placement group` keeps the whole gang in ONE such group: Ray
+2.60's `topology_strategy` packs the bundles by the members' `ray-slurm.io/group` label while
+still spreading them over distinct nodes, so the ranks share one allocation that Slurm
+started (and ends) as a whole. Placed by plain STRICT_SPREAD, the bundles could straddle two
+groups that each have a node free.
+
 When the group is not ready in time, `shortfall_report` says what was asked and what the
 cluster has, per node, instead of waiting for ever as the seed did.
 """
@@ -24,6 +31,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ray_slurm_provider.nodespec import GROUP_LABEL
 
 STRATEGY = "STRICT_SPREAD"
 
@@ -79,11 +88,20 @@ def shortfall_report(bundle: Mapping[str, float], nodes: int, waited_s: float,
     return "\n".join(lines)
 
 
-def create(nodes: int, bundle: Mapping[str, float], name: str) -> Any:
-    """Create (asynchronously) the gang's group: `nodes` copies of `bundle`."""
+def create(nodes: int, bundle: Mapping[str, float], name: str, one_group: bool = False) -> Any:
+    """Create (asynchronously) the gang's group: `nodes` copies of `bundle`, on distinct
+    nodes; with `one_group`, all of them in one gang node group."""
     from ray.util.placement_group import placement_group
 
-    return placement_group([dict(bundle) for _ in range(nodes)], strategy=STRATEGY, name=name)
+    bundles = [dict(bundle) for _ in range(nodes)]
+    if one_group:
+        return placement_group(bundles, name=name, topology_strategy=topology())
+    return placement_group(bundles, strategy=STRATEGY, name=name)
+
+
+def topology() -> dict[str, str]:
+    """Distinct nodes (Ray's node-id level), all in one gang group (the provider's label)."""
+    return {"ray.io/node-id": STRATEGY, GROUP_LABEL: "STRICT_PACK"}
 
 
 def wait_ready(pg: Any, bundle: Mapping[str, float], nodes: int, timeout_s: float) -> float:

@@ -19,6 +19,10 @@ from ray_slurm_provider.gang.rankenv import OWNED
 Device = Literal["gpu", "cpu"]
 
 
+#: Where the gang's nodes may be: any distinct Ray nodes, or the nodes of one gang group.
+PLACEMENTS = ("spread", "group")
+
+
 class SpecError(ValueError):
     pass
 
@@ -47,6 +51,7 @@ class GangSpec:
     fault: FaultSpec | None = None
     name: str = "gang"
     omp_threads: int | None = None
+    placement: str = "spread"  # "group": all nodes in one gang node group (placement.py)
 
     @property
     def world_size(self) -> int:
@@ -80,6 +85,9 @@ class GangSpec:
             raise SpecError(f"--cvd-policy must be one of {', '.join(CVD_POLICIES)}")
         if self.max_attempts < 1:
             raise SpecError("--max-attempts must be at least 1")
+        if self.placement not in PLACEMENTS:
+            raise SpecError(f"--placement must be one of {', '.join(PLACEMENTS)}, "
+                            f"got {self.placement!r}")
         if self.cpus_per_rank < 0:
             raise SpecError("--cpus-per-rank must be >= 0")
         for name, v in (("pg", self.pg_timeout_s), ("start", self.start_timeout_s),
@@ -117,6 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="environment preset: " + ", ".join(profiles.known()))
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rank environment variable (wins over profiles)")
+    g.add_argument("--placement", choices=PLACEMENTS, default="spread",
+                   help="spread: the nodes are any distinct Ray nodes; group: all of them in "
+                   "ONE gang node group (a node type with node_config.nodes: N, one Slurm "
+                   "job of N nodes; its nodes carry the label ray-slurm.io/group)")
     g.add_argument("--max-attempts", type=int, default=3,
                    help="gang attempts in all (1 = no restart)")
     g.add_argument("--pg-timeout", type=float, default=600.0,
@@ -151,5 +163,5 @@ def from_args(a: argparse.Namespace) -> GangSpec:
         pg_timeout_s=a.pg_timeout, start_timeout_s=a.start_timeout,
         stall_timeout_s=a.stall_timeout, checkpoint_dir=a.checkpoint_dir,
         checkpoint_shared=not a.node_local_checkpoints, s3_uri=a.checkpoint_s3,
-        s3_endpoint=a.s3_endpoint, fault=fault, name=a.name,
+        s3_endpoint=a.s3_endpoint, fault=fault, name=a.name, placement=a.placement,
     ).validate()

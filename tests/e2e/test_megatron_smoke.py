@@ -2,12 +2,13 @@
 
 It runs the commands of cluster-configs/megatron/README.md (the block between the
 `smoke-test` markers, read from the file, so the README and the test cannot drift): a tiny
-megatron-core GPT, gloo, 2 Slurm worker jobs x 2 ranks, TP=2 and DP=2, 8 steps, a checkpoint at
-step 4, rank 3 crashing at step 5 of attempt 0. It checks the ranks and their environment, the
-spread over two Slurm jobs, a falling loss, one loss across the data-parallel ranks (and
-different data on them), and the gang restart resuming from the checkpoint with the same
-losses. The only addition to the README's command is the CPU shim (tests/e2e/megatron_cpu_shim),
-shipped with the job as a Ray worker setup hook: the template carries no CPU workaround.
+megatron-core GPT, gloo, one gang node group (one Slurm job of 2 nodes) x 2 ranks per node, TP=2
+and DP=2, 8 steps, a checkpoint at step 4, rank 3 crashing at step 5 of attempt 0. It checks the
+ranks and their environment, the gang on the two nodes of one Slurm job, a falling loss, one
+loss across the data-parallel ranks (and different data on them), and the gang restart resuming
+from the checkpoint with the same losses. The only addition to the README's command is the CPU
+shim (tests/e2e/megatron_cpu_shim), shipped with the job as a Ray worker setup hook: the
+template carries no CPU workaround.
 
 Needs the `megatron-cpu` extra (torch 2.13.0 CPU, megatron-core 0.16.1) in the environment the
 sandbox's nodes run (the venv of `ray up`). Timings are printed (pytest -s), never asserted.
@@ -102,11 +103,13 @@ def test_tiny_gpt_gang_with_a_crash_and_a_restart(cluster: RayCluster, tmp_path:
     assert second["ok"] and res["ok"]
     assert first["master"] != second["master"]  # a fresh rendezvous port
 
-    # Ranks, environment and spread over two Slurm jobs (Ray nodes), two ranks on each.
+    # Ranks, environment and the gang on one group: the 2 nodes (Ray nodes) of ONE Slurm job.
     layout = {d["rank"]: d for d in second["layout"]}
     assert sorted(layout) == [0, 1, 2, 3]
     jobs = {layout[r]["slurm_job_id"] for r in range(4)}
-    assert len(jobs) == 2 and jobs <= {j for j, _ in cluster.jobs()}
+    head = str(cluster.head()["job_id"])
+    assert len(jobs) == 1 and jobs == {j for j, _ in cluster.jobs()} - {head}
+    assert "placement=group" in cp.stdout
     assert layout[0]["node_id"] == layout[1]["node_id"] != layout[2]["node_id"]
     assert layout[2]["node_id"] == layout[3]["node_id"]
     for r, out in second["results"].items():

@@ -118,3 +118,31 @@ def test_parse_override_forms() -> None:
     assert parse_override("a.b=").value == ""
     assert parse_override("~a.b").value is None
     assert parse_override("+a=1").add
+
+
+def test_placement_group_keeps_the_gang_in_one_gang_node_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16.6: `--placement group` asks Ray for distinct nodes of ONE group (the label the
+    provider gives a gang job's members); `spread`, the default, for any distinct nodes."""
+    import sys
+
+    import ray.util.placement_group  # noqa: F401  (the module, which ray.util's name hides)
+
+    from ray_slurm_provider.gang import placement
+    from ray_slurm_provider.nodespec import GROUP_LABEL
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert from_args(p.parse_args(["--placement", "group"])).placement == "group"
+    assert from_args(p.parse_args([])).placement == "spread"
+    with pytest.raises(SpecError, match="--placement must be one of spread, group"):
+        GangSpec(placement="pack").validate()
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(sys.modules["ray.util.placement_group"], "placement_group",
+                        lambda bundles, **kw: calls.append(kw) or kw)
+    placement.create(2, {"CPU": 2.0}, "g", one_group=True)
+    placement.create(2, {"CPU": 2.0}, "g")
+    assert calls == [
+        {"name": "g", "topology_strategy": {"ray.io/node-id": "STRICT_SPREAD",
+                                            GROUP_LABEL: "STRICT_PACK"}},
+        {"strategy": "STRICT_SPREAD", "name": "g"}]
