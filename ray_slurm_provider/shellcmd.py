@@ -11,9 +11,12 @@ node agent in the batch step, turn `ray stop` into "stop this job's Ray", and ru
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 _EXPORT = re.compile(r"^export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
@@ -167,3 +170,13 @@ def set_flag(argv: list[str], flag: str, value: str) -> list[str]:
             continue
         out.append(a)
     return [*out, f"{flag}={value}"]
+
+
+def env_exports(env: Mapping[str, Any] | None) -> str:
+    """`export K=V;` for each variable, values quoted (as Ray's runners do); non-strings as
+    compact JSON."""
+    out = []
+    for k, v in (env or {}).items():
+        val = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        out.append(f"export {k}={shlex.quote(val)};")
+    return " ".join(out) + (" " if out else "")

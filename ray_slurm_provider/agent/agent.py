@@ -12,15 +12,12 @@ only for its node's address and, with a container, which of the cluster's jobs s
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import stat
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
@@ -28,6 +25,7 @@ from ray_slurm_provider.agent import raylogs
 from ray_slurm_provider.agent.container import NodeContainer
 from ray_slurm_provider.agent.netaddr import node_ip
 from ray_slurm_provider.agent.raystart import ray_start_argv
+from ray_slurm_provider.agent.tempdir import private_parent
 from ray_slurm_provider.config import ProviderConfig
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.nodespec import NodeSpec, node_id
@@ -48,25 +46,6 @@ def slurm_client(spec: NodeSpec) -> SlurmClient:
     """The Slurm client of the cluster's `provider.slurm_api` (never talks to Slurm yet)."""
     return make_client(load(ProviderConfig, {"slurm_api": spec.slurm_api, "rest": spec.rest},
                             "provider"))
-
-
-def private_parent(temp: str) -> Path:
-    """Create (0700) or check the user's parent of `temp`: a directory of its own, owned by
-    this user, open to no one else. Ray makes the dirs below it 0777 (sockets included)."""
-    parent = Path(temp).parent
-    with contextlib.suppress(FileExistsError):
-        parent.mkdir(mode=0o700, parents=True)
-    st = parent.lstat()
-    fix = "remove it (it is not this job's), or set provider.temp_dir_root to another path"
-    if not stat.S_ISDIR(st.st_mode):
-        raise RuntimeError(f"{parent} is not a directory of its own (a link or a file); {fix}")
-    if st.st_uid != os.getuid():
-        raise RuntimeError(f"{parent} is owned by uid {st.st_uid}, not by you "
-                           f"(uid {os.getuid()}): another user made it; {fix}")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise RuntimeError(f"{parent} has mode {stat.S_IMODE(st.st_mode):o}: other users can "
-                           f"reach Ray's sockets below it; run `chmod 700 {parent}`")
-    return parent
 
 
 class Stopping(RuntimeError):
@@ -99,7 +78,8 @@ class Agent:
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
             drain_timeout_s=spec.drain_timeout_s, head=spec.kind == "head",
-            env_names=spec.env_names, log=log)
+            env_names=spec.env_names, log=log,
+            member=env.get("SLURM_NODEID", "") if spec.group_size > 1 else "")
 
     def run(self) -> int:
         """The role: start Ray and keep it; the job's exit code."""

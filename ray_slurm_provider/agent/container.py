@@ -79,7 +79,7 @@ def python_mounts() -> tuple[str, ...]:
 class NodeContainer:
     def __init__(self, cfg: ContainerConfig, *, cluster_name: str, job_id: str, temp_dir: str,
                  cluster_dir: str, env: Mapping[str, str], drain_timeout_s: int, head: bool,
-                 env_names: list[str], log: Log) -> None:
+                 env_names: list[str], log: Log, member: str = "") -> None:
         self.cfg = cfg
         self.rt = get_runtime(cfg.runtime)
         extra = slurm_mounts(env) if head and cfg.slurm_access == "mount" else ()
@@ -92,7 +92,7 @@ class NodeContainer:
             path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
         self.cfg = cfg
         self.ctx = RunContext(cluster_name, job_id, cfg, temp_dir, cluster_dir, gpu_ids(env),
-                              drain_timeout_s, extra, path=path)
+                              drain_timeout_s, extra, path=path, member=member)
         self.env_names = env_names
         self.log = log
 

@@ -1,25 +1,24 @@
 """The command runner: `ray up/exec/attach/submit/rsync/dashboard` without SSH.
 
-Commands run on the node with `srun --jobid=<job> --overlap`, i.e. as a step of the node's own
-job: Slurm authenticates the user with munge, no SSH keys are needed, and the step can only
-see that job's allocation. Two things are never run as a step:
+Commands run on the node with `srun --jobid=<job> --overlap` (on a gang member's own node of
+its job), i.e. as a step of the node's own job: Slurm authenticates the user with munge, no
+SSH keys are needed, and the step can only see that job's allocation. Never run as a step:
 
 * `ray start`: it is handed to the node agent in the batch step (handoff.py), so Ray lives
   and dies with the job instead of being orphaned by (or killed with) a step;
 * `ray stop`: it would kill every Ray process of the user on that node, other clusters
   included; it becomes "stop this job's Ray", and `shutdown` becomes `scancel` of this job.
 
-File transfers use the shared filesystem (transfer.py). The runner knows the provider only
-through `ProviderView`.
+File transfers use the shared filesystem (transfer.py); the provider is seen through
+`ProviderView`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 import click
@@ -29,6 +28,7 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND, TAG_RAY_USER_
 from ray_slurm_provider import auth, proc, shellcmd
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
 from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.nodespec import split
 from ray_slurm_provider.provider import handoff, transfer
 from ray_slurm_provider.provider.forward import forward_all
 from ray_slurm_provider.provider.handoff import runner_error
@@ -59,17 +59,6 @@ class ProviderView(Protocol):
 
 class NodeNotReady(Exception):
     """The node's job is not running yet; Ray's NodeUpdater retries on any exception."""
-
-
-def _env_exports(env: Mapping[str, Any] | None) -> str:
-    """`export K=V;` for each variable, values quoted (as Ray's runners do)."""
-    from shlex import quote
-
-    out = []
-    for k, v in (env or {}).items():
-        val = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-        out.append(f"export {k}={quote(val)};")
-    return " ".join(out) + (" " if out else "")
 
 
 class SrunCommandRunner(CommandRunnerInterface):
@@ -129,6 +118,9 @@ class SrunCommandRunner(CommandRunnerInterface):
                   in_container: bool = False) -> list[str]:
         argv = ["srun", f"--jobid={self.job_id()}", "--overlap", "--nodes=1", "--ntasks=1",
                 "--quiet"]
+        agent = self.ndir.read_agent() if self.member else None
+        if agent and agent.host:  # a gang member: its own node of the job (gangs.py)
+            argv.append(f"--nodelist={agent.host}")
         if pty:
             argv.append("--pty")
         inner = ["bash", "-c", shell_cmd]
@@ -140,8 +132,13 @@ class SrunCommandRunner(CommandRunnerInterface):
 
     def job_id(self) -> str:
         """The numeric id (22.05's srun refuses an array task's `123_4`): agent.json's."""
-        agent = self.ndir.read_agent() if "_" in self.node_id else None
-        return agent.job_id if agent and agent.job_id else self.node_id
+        agent = self.ndir.read_agent() if not self.node_id.isdigit() else None
+        return agent.job_id if agent and agent.job_id else split(self.node_id)[0]
+
+    @property
+    def member(self) -> str:
+        """The node's index in a gang job, or "" (nodespec.split)."""
+        return str(split(self.node_id)[1]) if split(self.node_id)[1] is not None else ""
 
     def container(self) -> tuple[Runtime, RunContext] | None:
         """The runtime and context of this node's container, or None without one."""
@@ -155,10 +152,10 @@ class SrunCommandRunner(CommandRunnerInterface):
         # the node container's own binds, GPUs and PATH (only the agent in the job knows them).
         agent = self.ndir.read_agent()
         rctx = RunContext(self.provider.cluster_name, job_id, ncfg.container,
-                          temp_dir(pcfg.temp_dir_root, job_id), str(self.cdir.root),
-                          tuple(agent.container_gpus) if agent else (), pcfg.drain_timeout_s,
-                          tuple(agent.container_mounts) if agent else (),
-                          path=agent.container_path if agent else "")
+                          temp_dir(pcfg.temp_dir_root, self.node_id if self.member else job_id),
+                          str(self.cdir.root), tuple(agent.container_gpus) if agent else (),
+                          pcfg.drain_timeout_s, tuple(agent.container_mounts) if agent else (),
+                          path=agent.container_path if agent else "", member=self.member)
         return get_runtime(ncfg.container.runtime), rctx
 
     def step_env(self) -> dict[str, str]:
@@ -223,8 +220,8 @@ class SrunCommandRunner(CommandRunnerInterface):
             # container runtime itself.
             inside = run_env == "docker" or (
                 run_env == "auto" and not rest.lstrip().startswith(("docker ", "podman ")))
-            out = self.run_step(_env_exports(env) + rest, timeout, exit_on_fail, with_output,
-                                in_container=inside)
+            out = self.run_step(shellcmd.env_exports(env) + rest, timeout, exit_on_fail,
+                                with_output, in_container=inside)
         if prog.shutdown or shutdown_after_run:
             self.provider.terminate_node(self.node_id)
         return out

@@ -32,10 +32,14 @@ class RunContext:
     owner: int = field(default_factory=os.getuid)
     #: PATH inside the container where we set it (`host_python`: the bound Python's bin first).
     path: str = ""
+    #: The node's index in a gang job (provider/gangs.py): members share the job id (and its
+    #: label), and may share a container daemon (the sandbox's nodes do), so never a name.
+    member: str = ""
 
     @property
     def name(self) -> str:
-        return container_name(self.cluster_name, self.job_id)
+        job = f"{self.job_id}.{self.member}" if self.member else self.job_id
+        return container_name(self.cluster_name, job)
 
     def mounts(self) -> list[str]:
         """Cluster dir and temp dir at the same path, then the runtime's and the user's

@@ -371,7 +371,7 @@ def test_the_temp_dir_parent_is_private_and_refused_when_it_is_not(
     import os
     import stat
 
-    from ray_slurm_provider.agent.agent import private_parent
+    from ray_slurm_provider.agent.tempdir import private_parent
     from ray_slurm_provider.jobs import temp_dir
 
     root = tmp_path / "tmp"

@@ -32,9 +32,9 @@ from ray_slurm_provider.config import ConfigError, ContainerConfig, parse_node_c
 from ray_slurm_provider.jobs import build_job, decode_tags, encode_tags
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.provider.checks import check_static
-from ray_slurm_provider.provider.runner import _env_exports
 from ray_slurm_provider.runtimes.base import RunContext
 from ray_slurm_provider.runtimes.docker import Docker
+from ray_slurm_provider.shellcmd import env_exports
 from ray_slurm_provider.slurm.parse import DELIM, SQUEUE_FIELDS, parse_squeue
 from ray_slurm_provider.slurm.script import JobSpec, ScriptError, render
 from tests.unit.test_script_injection import (
@@ -188,7 +188,7 @@ def test_exec_environment_reaches_the_command_verbatim(env: dict[str, str],
     assume(not any("\0" in v for v in env.values()))
     keys = sorted(env)
     prog = f"import json,os; print(json.dumps({{k: os.environ.get(k) for k in {keys!r}}}))"
-    cmd = _env_exports(env) + f"{sys.executable} -c {shlex.quote(prog)}"
+    cmd = env_exports(env) + f"{sys.executable} -c {shlex.quote(prog)}"
     work = Path(tempfile.mkdtemp(dir=stub_dir))
     res = subprocess.run(["bash", "-c", cmd], cwd=work, capture_output=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "HOME": str(work)})

@@ -192,6 +192,23 @@ def test_ray_exec_enters_an_apptainer_node_with_the_nodes_binds_and_nv(
     assert "--nv" not in inner and "--env" not in inner and "/data:/data:ro" in inner
 
 
+def test_a_step_on_a_gang_member_runs_on_that_members_node_in_its_container(
+        tmp_path: Path) -> None:
+    """Issue 16: member `<job>.<k>` is one node of a multi-node job: its step names the job's
+    numeric id and the member's node, and enters the member's own container."""
+    ncfg = load(NodeConfig, {"nodes": 2, "container": {"runtime": "docker", "image": "i"}},
+                "node_config")
+    r = SrunCommandRunner(View(tmp_path, ncfg), "12_3.1")
+    r.ndir.write_agent(AgentInfo(host="n2", pid=1, kind="worker", job_id="15"))
+    argv = r.srun_argv("true", in_container=True)
+    assert argv[:2] == ["srun", "--jobid=15"] and "--nodelist=n2" in argv
+    assert "rsp-c1-15.1" in argv
+    container = r.container()
+    assert container is not None and container[1].temp_dir.endswith("/12_3.1")
+    single = SrunCommandRunner(View(tmp_path, ncfg), "16")
+    assert not any(a.startswith("--nodelist") for a in single.srun_argv("true"))
+
+
 def test_a_failed_or_lost_start_is_the_runners_error(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     view = View(tmp_path, NodeConfig())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ray_slurm_provider import proc
 from ray_slurm_provider.agent.container import (
     NodeContainer,
     gpu_ids,
@@ -206,3 +207,31 @@ def test_enroot_roots_of_ended_jobs_are_swept(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(proc, "run", run)
     c.sweep(lambda: {"778"})  # 778 still runs (or completes); 900 is this job
     assert calls == [["enroot", "list"], ["enroot", "remove", "--force", "rsp-c1-777"]]
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_two_members_of_a_gang_on_one_daemon_never_collide(runtime: str) -> None:
+    """Issue 16: the members of a gang job share its job id; where they share a container
+    daemon (the sandbox's nodes do) each has its own container name, both carry the job's
+    id as label, and the sweep of one never takes the other's (its job is alive)."""
+    cfg = ContainerConfig(runtime=runtime, image="img")
+    a, b = (RunContext("c1", "1000", cfg, f"/t/1000.{k}", "/s", member=str(k)) for k in (0, 1))
+    assert (a.name, b.name) == ("rsp-c1-1000.0", "rsp-c1-1000.1")
+    rt = get_runtime(runtime)
+    argv = rt.run(a, ["ray", "start"], {})
+    assert argv[argv.index("--name") + 1] == "rsp-c1-1000.0"
+    assert "slurm.job_id=1000" in argv
+    nc = NodeContainer(cfg, cluster_name="c1", job_id="1000", member="0", temp_dir="/t/1000.0",
+                       cluster_dir="/s", env={}, drain_timeout_s=5, head=False, env_names=[],
+                       log=print)
+    removed: list[list[str]] = []
+
+    def run(argv: list[str], timeout: float = 600) -> proc.Result:
+        if "ps" in argv:
+            return proc.Result(argv, 0, "rsp-c1-1000.0 1000\nrsp-c1-1000.1 1000\n", "")
+        removed.append(argv)
+        return proc.Result(argv, 0, "", "")
+
+    nc._run = run  # type: ignore[method-assign]
+    nc.sweep(lambda: {"1000"})
+    assert nc.ctx.name == "rsp-c1-1000.0" and removed == []
