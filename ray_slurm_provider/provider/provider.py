@@ -81,8 +81,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         self._nodes: dict[str, NodeRecord] = {}
         # Cancelled -> when: hidden until Slurm drops them, at most GONE_TTL_S (one that
         # outlives its scancel must show up again). Created -> listings started by then.
-        self._gone: dict[str, float] = {}
-        self._born: dict[str, int] = {}
+        self._gone, self._born = dict[str, float](), dict[str, int]()
         self._addrs: dict[str, str] = {}  # node name -> address, for gang members
         self._listings, self._clock, self._sleep = 0, time.monotonic, time.sleep
         self._client: SlurmClient | None = None
@@ -160,6 +159,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
                 self.terminate_nodes(strays)
             except SlurmError as e:
                 logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
+        crashed: set[str] = set()  # a gang job's members count once
         for node_id, rec in vanished_workers(before, nodes, self._gone):
             job_id = split(node_id)[0]
             if self.cluster_dir.ray_up(node_id):
@@ -169,7 +169,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
                                job_id)
                 with contextlib.suppress(OSError):
                     self.cluster_dir.node(node_id).request_stop()
-            elif node_id not in self._ray_seen:  # died before its Ray came up
+            elif node_id not in self._ray_seen and job_id not in crashed:  # before Ray came up
+                crashed.add(job_id)
                 died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
                                 job_id, rec.job.state, self.cluster_dir.log(job_id))
         self._ray_seen &= nodes.keys()

@@ -157,3 +157,17 @@ def test_autoscaler_v1_sees_every_member_as_a_worker_of_the_type(tmp_path: Path)
     p.non_terminated_nodes({})
     assert p.node_tags("1000.1")[TAG_RAY_NODE_STATUS] == "up-to-date"
     assert p.node_tags("1000.0")[TAG_RAY_NODE_STATUS] == "setting-up"  # each its own Ray
+
+
+def test_a_gang_job_that_dies_before_ray_counts_once_against_its_type(tmp_path: Path) -> None:
+    """Its N members leave together: one crash of the type, not N (the back-off counts jobs)."""
+    import json
+
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    f.start("1000", "n[1-2]")
+    p.non_terminated_nodes({})
+    f.finish("1000", "FAILED")
+    p.non_terminated_nodes({})
+    entry = json.loads((p.cluster_dir.root / "errors.json").read_text())["gang"]
+    assert entry["failures"] == 1 and "Slurm job 1000 " in entry["message"]
