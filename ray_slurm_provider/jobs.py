@@ -29,9 +29,10 @@ COMMENT_PREFIX = "ray-slurm:"
 GROUP_TAG = "ray-slurm-nodes"
 #: Linux's limit on a Unix socket path (sun_path holds 108 bytes with the final NUL).
 SOCKET_PATH_MAX = 107
-#: Ray's longest socket path below a job's own temp dir (a 10-digit job id and a 7-digit pid):
-#: /<job>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store.
-_LONGEST_BELOW_JOB = len("/1234567890/session_2026-01-01_00-00-00_000000_4194304"
+#: Ray's longest socket path below a job's own temp dir (a 10-digit job id, a gang member's
+#: index up to 999, and a 7-digit pid): /<job>[.<k>]/session_<date>_<time>_<usec>_<pid>/
+#: sockets/plasma_store.
+_LONGEST_BELOW_JOB = len("/1234567890.999/session_2026-01-01_00-00-00_000000_4194304"
                          "/sockets/plasma_store")
 
 
@@ -51,7 +52,8 @@ def job_name(cluster_name: str) -> str:
 
 
 def temp_dir(root: str, job_id: str, uid: int | None = None) -> str:
-    """A node's Ray temp dir: short, per job (the numeric SLURM_JOB_ID), node-local, below
+    """A node's Ray temp dir: short, per job (the numeric SLURM_JOB_ID; `<id>.<k>` for a
+    gang member, nodespec.py), node-local, below
     the user's own private parent `<root>/rsp-<uid>` (Ray makes its own dirs 0777, so the
     parent is what keeps other users of the node out; the agent creates and checks it)."""
     return f"{root.rstrip('/')}/rsp-{os.getuid() if uid is None else uid}/{job_id}"
@@ -142,22 +144,14 @@ def build_job(
     )
     # Worker jobs run the YAML's initialization and setup commands themselves; the head's
     # are run by `ray up` through the command runner, as on any other provider.
-    setup = [*ncfg.prologue]
-    if kind == "worker":
-        setup += [*commands.initialization, *commands.setup]
+    node_setup = [*commands.initialization, *commands.setup] if kind == "worker" else []
     sizes = slurm_resources(ncfg, resources, pcfg.object_store_fraction)
     agent = [python, "-m", "ray_slurm_provider.agent", "--spec", spec.to_json()]
-    n = ncfg.nodes
+    n, lead = ncfg.nodes, ncfg.drain_before_limit_s
+    gang = n > 1
     return JobSpec(
         job_name=job_name(cluster_name),
-        # A gang job: one agent per node, each with its node's share; one agent's error ends
-        # the others, so no group lives on with a node missing (provider/gangs.py).
-        command=agent if n == 1 else [
-            "srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1",
-            # srun does not inherit the job's --cpus-per-task (Slurm 22.05 and later)
-            *([f"--cpus-per-task={sizes['cpus_per_task']}"] if sizes["cpus_per_task"] else []),
-            *agent],
+        command=gang_step(n, sizes["cpus_per_task"], node_setup, agent) if gang else agent,
         nodes=n,
         ntasks=n,
         partition=ncfg.partition,
@@ -169,15 +163,33 @@ def build_job(
         reservation=ncfg.reservation,
         nodelist=ncfg.nodelist,
         exclude=ncfg.exclude,
-        # Before the time limit, SIGTERM to the agent (the batch step's main process): Ray
-        # drains and leaves, and the autoscaler replaces the node while demand remains.
-        signal=f"B:TERM@{ncfg.drain_before_limit_s}" if ncfg.drain_before_limit_s > 0 else None,
+        # Before the time limit, SIGTERM to the agent: Ray drains and leaves, and the
+        # autoscaler replaces the node while demand remains. The agent is the batch step's
+        # main process (B:), or in a gang job the step's tasks (srun, the batch step's main
+        # process, would kill them at once on a TERM of its own).
+        signal=(f"TERM@{lead}" if gang else f"B:TERM@{lead}") if lead > 0 else None,
         output=str(cdir.logs / "%j.out"),
         open_mode="append",
         requeue=False,  # a preempted node must not come back silently under the same id
         sbatch_options=dict(ncfg.sbatch_options),
         extra_directives=list(ncfg.extra_directives),
         environment={**pcfg.environment, **ncfg.environment, "PYTHONUNBUFFERED": "1"},
-        setup=setup,
+        # The prologue sets the environment, which srun hands to a gang's tasks; the node
+        # setup runs on every node of a gang (gang_step).
+        setup=[*ncfg.prologue, *([] if gang else node_setup)],
         **sizes,
     )
+
+
+def gang_step(n: int, cpus: int | None, setup: list[str], agent: list[str]) -> list[str]:
+    """A gang job's last line: one task (one node agent) per node, each with its node's share
+    and after the node setup on that node; a task's error ends all of them, so no group lives
+    on with a node missing, while a task ending with 0 (a released member) ends none of the
+    others (`--wait=0`, whatever the site's WaitTime). See provider/gangs.py."""
+    argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1", "--wait=0"]
+    if cpus:  # srun does not inherit the job's --cpus-per-task (Slurm 22.05 and later)
+        argv.append(f"--cpus-per-task={cpus}")
+    if setup:  # as in a batch script: a failing line ends the node's task, and so the job
+        argv += ["bash", "-c", "set -eo pipefail\n" + "\n".join(setup) + '\nexec "$@"', "bash"]
+    return [*argv, *agent]

@@ -72,8 +72,8 @@ class Agent:
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         # Per job, or per member of a gang job (two may share a host: the sandbox's nodes do).
-        self.temp_dir = temp_dir(spec.temp_dir_root, self.node_id if spec.group_size > 1 else
-                                 self.job_id)
+        self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id if spec.group_size == 1 else
+                                 f"{self.job_id}.{env['SLURM_NODEID']}")
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,

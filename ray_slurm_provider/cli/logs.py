@@ -26,6 +26,7 @@ from ray_slurm_provider.cli.common import (
     table,
 )
 from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.nodespec import split
 from ray_slurm_provider.provider.runs import last_head, ray_logs_of
 from ray_slurm_provider.slurm.client import JOB_ID_RE
 
@@ -42,8 +43,10 @@ def resolve_job(cluster: Cluster, job: str | None) -> str | None:
             raise CliError(f"no head recorded in {cluster.cdir.root} (has `ray up` run?)")
         print(f"# the head is not running; its last job was {last}", file=sys.stderr)
         return last
-    if not JOB_ID_RE.match(str(job)):
-        raise CliError(f"{job!r} is not a Slurm job id (or `head`)")
+    base, k = split(str(job))  # a gang member, `<job>.<k>`: its own Ray logs, its job's log
+    if not JOB_ID_RE.match(base) or (k is None and base != str(job)):
+        raise CliError(f"{job!r} is not a Slurm job id, a gang member's `<job id>.<k>` "
+                       "(or `head`)")
     return str(job)
 
 
@@ -122,7 +125,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if job is None:
             print("\n".join(list_logs(cluster)))
             return 0
-        path = cluster.cdir.log(job)
+        path = cluster.cdir.log(split(job)[0])  # a gang's members share their job's log
         if not path.exists() and not args.follow:
             raise CliError(f"no log for job {job} ({path} does not exist)")
         if args.follow:

@@ -72,7 +72,7 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
         if size > 1:  # a gang job: its members beneath it
             row["node"] = j.nodes
             row["members"] = member_rows(cluster, j, size)
-            row["ray_up"] = all(m["ray_up"] for m in row["members"])
+            row["ray_up"] = all(m["ray_up"] for m in row["members"] if not m["released"])
         rows.append(row)
     return rows
 

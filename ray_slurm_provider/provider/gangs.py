@@ -27,9 +27,9 @@ import threading
 from collections.abc import Callable, Iterable
 
 from ray_slurm_provider.jobs import GROUP_TAG, decode_tags
-from ray_slurm_provider.nodespec import split
+from ray_slurm_provider.nodespec import member_ids, split
 from ray_slurm_provider.provider.snapshot import NodeRecord
-from ray_slurm_provider.slurm.client import Job, SlurmClient
+from ray_slurm_provider.slurm.client import SlurmClient
 from ray_slurm_provider.slurm.parse import expand_hostlist
 from ray_slurm_provider.state import ClusterDir
 
@@ -50,17 +50,18 @@ def by_job(node_ids: Iterable[str]) -> dict[str, set[int]]:
 
 
 def release(node_ids: Iterable[str], size: Callable[[str], int],
-            released: Callable[[str], bool], mark: Callable[[str], None]) -> list[str]:
+            released: Callable[[str], bool], mark: Callable[[str], None]) -> dict[str, int]:
     """Release the members among `node_ids` (`mark` each); return the jobs every member of
-    which is now released: those are to be cancelled. `size(job)` is the job's N (0: not
-    known any more, cancel), `released(node id)` whether a member was released before."""
-    done = []
+    which is now released, with their N: those are to be cancelled. `size(job)` is the job's
+    N (0: no member is known any more: cancel), `released(node id)` whether a member was
+    released before."""
+    done = {}
     for job, ks in by_job(node_ids).items():
         for k in ks:
             mark(f"{job}.{k}")
         n = size(job)
         if all(k in ks or released(f"{job}.{k}") for k in range(n)):
-            done.append(job)
+            done[job] = n
     return done
 
 
@@ -71,52 +72,78 @@ class GangHooks:
     _lock: threading.RLock
     _nodes: dict[str, NodeRecord]
     _addrs: dict[str, str]
+    #: Members released by this process, and the N of the gang jobs it knows: a listing that
+    #: was in flight while a member was released must not bring it back.
+    _released: set[str]
+    _sizes: dict[str, int]
 
     @property
     def slurm(self) -> SlurmClient:
         raise NotImplementedError
 
     def released(self, node_id: str) -> bool:
-        return self.cluster_dir.node(node_id).stop_requested()
+        return node_id in self._released or self.cluster_dir.node(node_id).stop_requested()
 
     def _release(self, member: str) -> None:
         ndir = self.cluster_dir.node(member)
         ndir.path.mkdir(parents=True, exist_ok=True)  # a member whose agent never ran
         ndir.request_stop()
+        self._released.add(member)
 
     def _size(self, job_id: str) -> int:
-        """The job's N from a record of any member still listed (0: none is)."""
+        """The job's N: as created here, else from a listed member's job comment (0: no
+        member is listed any more)."""
+        if job_id in self._sizes:
+            return self._sizes[job_id]
         for node_id, rec in list(self._nodes.items()):
             if split(node_id)[0] == job_id:
                 return int((decode_tags(rec.job.comment) or {}).get(GROUP_TAG, "0"))
         return 0
 
-    def to_cancel(self, ids: list[str]) -> list[str]:
-        """`ids` as jobs to cancel: one-node jobs as they are; gang members released (they
-        leave the listing now), and a gang job only once its last member is released."""
+    def node_ids(self, job_id: str, n: int) -> list[str]:
+        """The node ids of a job just created: its own, or its N members' (whose dirs a job
+        of the same id, Slurm's ids having started again, may have left: forgotten)."""
+        if n == 1:
+            return [job_id]
+        self._sizes[job_id] = n
+        ids = member_ids(job_id, n)
+        self.cluster_dir.forget(ids)
+        return ids
+
+    def to_cancel(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """`ids` as (jobs to cancel, node dirs to forget with them): one-node jobs as they
+        are; gang members released (they leave the listing now), and a gang job only once
+        its last member is released."""
         members = [i for i in ids if split(i)[1] is not None]
         if not members:
-            return ids
-        jobs = release(members, self._size, self.released, self._release)
+            return ids, ids
         with self._lock:
+            jobs = release(members, self._size, self.released, self._release)
             for member in members:
                 self._nodes.pop(member, None)
-        return [i for i in ids if split(i)[1] is None] + jobs
+        singles = [i for i in ids if split(i)[1] is None]
+        return [*singles, *jobs], [*singles, *(m for j, n in jobs.items()
+                                                for m in member_ids(j, n))]
 
-    def node_dirs(self, job_ids: list[str]) -> list[str]:
-        """The node dirs of cancelled jobs: their own, and their gang members'."""
-        wanted = set(job_ids)
-        return [*job_ids, *(m for m in self.cluster_dir.known_nodes()
-                            if m not in wanted and split(m)[0] in wanted)]
+    def drop_released(self, nodes: dict[str, NodeRecord], listed: set[str]) -> None:
+        """Leave this process's released members out of a listing (taken, maybe, before they
+        were released); forget what it knew of gang jobs that are no longer `listed`."""
+        for m in self._released & nodes.keys():
+            del nodes[m]
+        self._released = {m for m in self._released if split(m)[0] in listed}
+        self._sizes = {j: n for j, n in self._sizes.items() if j in listed}
 
     def members(self, job_id: str) -> list[str]:
         """The node ids listed for a job: itself, or its gang's members."""
         return [i for i in list(self._nodes) if i == job_id or split(i)[0] == job_id]
 
-    def member_ip(self, node_id: str, job: Job) -> str | None:
-        """A member's address: the k-th host of its job's node list (k = 0 is the batch
-        host, whose address the listing has); looked up once per host."""
-        k = split(node_id)[1]
+    def member_ip(self, node_id: str, rec: NodeRecord | None) -> str | None:
+        """A node's address: its job's batch host's; for a gang member, the k-th host of its
+        job's node list (k = 0 is the batch host), looked up once per host. None while the
+        job is pending (no node yet), as Ray's cloud providers do."""
+        if rec is None:
+            return None
+        job, k = rec.job, split(node_id)[1]
         if not k:
             return job.node_addr or None
         hosts = expand_hostlist(job.nodes) if job.nodes else []

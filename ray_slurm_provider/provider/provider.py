@@ -45,7 +45,7 @@ from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
 from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_node_config
 from ray_slurm_provider.jobs import GROUP_TAG, build_job, job_name
-from ray_slurm_provider.nodespec import member_ids, split
+from ray_slurm_provider.nodespec import split
 from ray_slurm_provider.provider import runs
 from ray_slurm_provider.provider.bootstrap import ConfigHooks
 from ray_slurm_provider.provider.gangs import GangHooks, groups
@@ -82,7 +82,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         # Cancelled -> when: hidden until Slurm drops them, at most GONE_TTL_S (one that
         # outlives its scancel must show up again). Created -> listings started by then.
         self._gone, self._born = dict[str, float](), dict[str, int]()
-        self._addrs: dict[str, str] = {}  # node name -> address, for gang members
+        self._addrs, self._released, self._sizes = dict[str, str](), set[str](), dict[str, int]()
         self._listings, self._clock, self._sleep = 0, time.monotonic, time.sleep
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
@@ -135,8 +135,9 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         with self._lock:
             if keep_created(nodes, self._nodes, self._born, self._gone, listing):
                 self._gen = None  # next tick rebuilds its records: the kept one is gone
+            listed = {j.job_id for j in jobs}
+            self.drop_released(nodes, listed)  # gangs.py
             if self._gone:  # forget a cancelled job once Slurm no longer lists it
-                listed = {j.job_id for j in jobs}
                 self._gone = {i: t for i, t in self._gone.items() if i in listed}
             before, self._nodes = self._nodes, nodes
             ids = [i for i, r in nodes.items()
@@ -204,10 +205,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         rec = self._record(node_id)
         return dict(rec.tags) if rec else {}
 
-    # None while the job is pending (no node yet), as Ray's cloud providers do.
     def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
-        rec = self._record(node_id)
-        return self.member_ip(node_id, rec.job) if rec else None
+        return self.member_ip(node_id, self._record(node_id))  # gangs.py
 
     def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         return self.internal_ip(node_id)
@@ -259,7 +258,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         for job_id in ids:
             job = Job(job_id=job_id, name=spec.job_name, state="PENDING",
                       partition=nt.node_config.partition or "")
-            for node_id in member_ids(job_id, n) if n > 1 else [job_id]:
+            for node_id in self.node_ids(job_id, n):
                 with self._lock:
                     self._nodes[node_id] = NodeRecord(job, dict(tags))
                     self._born[node_id] = self._listings
@@ -273,7 +272,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         return self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
-        ids = self.to_cancel(self.spare_own_job([str(i) for i in node_ids]))
+        ids, dirs = self.to_cancel(self.spare_own_job([str(i) for i in node_ids]))
         if not ids:  # nothing, or gang members whose groups live on (gangs.py)
             return None
         down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids)
@@ -286,7 +285,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
                 for node_id in self.members(i):
                     self._nodes.pop(node_id, None)
                 self._gone[i] = now
-        self.cluster_dir.forget(self.node_dirs(ids))
+        self.cluster_dir.forget(dirs)
         logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
             self.wait_for_jobs_to_end(ids)

@@ -152,7 +152,8 @@ class SrunCommandRunner(CommandRunnerInterface):
         # the node container's own binds, GPUs and PATH (only the agent in the job knows them).
         agent = self.ndir.read_agent()
         rctx = RunContext(self.provider.cluster_name, job_id, ncfg.container,
-                          temp_dir(pcfg.temp_dir_root, self.node_id if self.member else job_id),
+                          temp_dir(pcfg.temp_dir_root, f"{job_id}.{self.member}" if self.member
+                                   else job_id),
                           str(self.cdir.root), tuple(agent.container_gpus) if agent else (),
                           pcfg.drain_timeout_s, tuple(agent.container_mounts) if agent else (),
                           path=agent.container_path if agent else "", member=self.member)

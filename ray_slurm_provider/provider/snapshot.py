@@ -30,7 +30,7 @@ from ray.autoscaler.tags import (
 )
 
 from ray_slurm_provider.jobs import GROUP_TAG, decode_tags
-from ray_slurm_provider.nodespec import member_ids
+from ray_slurm_provider.nodespec import member_ids, split
 from ray_slurm_provider.slurm.client import Job
 
 
@@ -119,7 +119,7 @@ def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRec
     """Workers listed last tick (pending or running: a job whose prologue fails goes from
     PENDING to gone between two ticks) that left the queue without us cancelling them."""
     return [(job_id, rec) for job_id, rec in before.items()
-            if job_id not in now and job_id not in gone and rec.job.active
+            if job_id not in now and split(job_id)[0] not in gone and rec.job.active
             and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER]
 
 

@@ -67,8 +67,9 @@ PODMAN_ARGS = ("--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
 
 
 def build_dir(dest: str) -> str:
-    """Write the image as a directory for apptainer (readable by every user); replaces an
-    older one whole, so a job never sees half an image."""
+    """Write the image as a directory for apptainer (readable by every user), beside `dest`,
+    then move it into place (an older one is moved aside first and then removed), so a job
+    never sees half an image."""
     dest = os.path.abspath(dest)
     os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".rsp-image-", dir=os.path.dirname(dest))
@@ -77,10 +78,12 @@ def build_dir(dest: str) -> str:
         rootfs_tar(tar_path)
         root = Path(tmp) / "root"
         with tarfile.open(tar_path) as tar:
-            tar.extractall(root, filter="tar")
+            # Our own tar (rootfs_tar), which keeps /tmp's sticky bit: the "tar" filter would not.
+            tar.extractall(root, filter="fully_trusted")
         os.chmod(root, 0o755)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(root, dest)
+        if os.path.exists(dest):
+            os.rename(dest, Path(tmp) / "old")
+        os.rename(root, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest

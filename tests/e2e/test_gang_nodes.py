@@ -3,8 +3,9 @@ type has `nodes: 2`, on the 3-node sandbox, under autoscaler v2 (the default) an
 
 In file order, per autoscaler:
 1. a STRICT_SPREAD placement group of 2 bundles makes exactly ONE Slurm job of 2 nodes, both
-   bundles land in it (the members' `ray-slurm.io/group` label is that job), `ray status`
-   counts 2 nodes of the type and `ray-slurm status` shows the group with its nodes beneath;
+   bundles land in it (the members' `ray-slurm.io/group` label is that job), the worker setup
+   commands ran on both nodes, `ray status` counts 2 nodes of the type and `ray-slurm status`
+   shows the group with its nodes beneath;
 2. killing one member's raylet ends the whole job, and the placement group comes back on a
    new group of 2 (one new job);
 3. once the group is idle, both members are terminated and the job is cancelled whole;
@@ -83,6 +84,7 @@ def gang_jobs(cluster: RayCluster) -> dict[str, tuple[str, int]]:
 def cluster(request: pytest.FixtureRequest, sandbox: object,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     cfg = yaml.safe_load((ROOT / "cluster-configs" / "sandbox-gang.yaml").read_text())
+    cfg["worker_setup_commands"] = ["echo gang-setup-on-$SLURMD_NODENAME"]
     env = {}
     if request.param == "v1":
         gang = cfg["available_node_types"]["gang_worker"]
@@ -107,6 +109,9 @@ def test_a_spread_group_of_two_is_one_job_of_two_nodes(cluster: RayCluster) -> N
     ((job, (state, nodes)),) = jobs.items()
     assert (state, nodes) == ("RUNNING", 2)
     assert sorted(where.values()) == [[job, "0"], [job, "1"]]
+    setup = {ln for ln in cluster.cdir.log(job).read_text().splitlines()
+             if ln.startswith("gang-setup-on-")}
+    assert len(setup) == 2, setup  # on each node of the job, not only the batch host
     status = cluster.ray("status", env=cluster.env(RAY_ADDRESS=f"{cluster.head()['ip']}:"
                                                    f"{cluster.head()['gcs_port']}")).stdout
     assert " 2 gang_worker" in status, status

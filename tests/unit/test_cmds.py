@@ -151,6 +151,7 @@ def test_status_shows_a_gang_as_one_job_with_its_nodes_beneath(tmp_path: Path) -
     data = status.status_data(c)
     (row,) = data["nodes"]
     assert row["job_id"] == gang and row["node"] == "n[2-3]"
+    assert row["ray_up"]  # every member not released is up
     assert row["members"] == [
         {"node_id": f"{gang}.0", "node": "n2", "address": "127.0.0.3", "ray_up": True,
          "released": False},
@@ -190,6 +191,9 @@ def test_resolve_job_and_list_logs(tmp_path: Path) -> None:
     assert "42" in logs.list_logs(c)[1]
     assert logs.resolve_job(c, "42") == "42" and logs.resolve_job(c, None) is None
     assert logs.resolve_job(c, "42_3") == "42_3"  # an array task
+    assert logs.resolve_job(c, "42_3.1") == "42_3.1"  # a gang member (its own Ray logs)
+    with pytest.raises(logs.CliError):
+        logs.resolve_job(c, "42.x")
     with pytest.raises(Exception, match="no head recorded"):
         logs.resolve_job(c, "head")
     with pytest.raises(Exception, match="not a Slurm job id"):

@@ -31,17 +31,24 @@ def test_a_gang_job_runs_one_agent_per_node_with_the_nodes_share() -> None:
         "available_node_types": {
             "head": {"node_config": {}},
             "g": {"max_workers": 4, "resources": {"CPU": 2, "GPU": 1},
-                  "node_config": {"nodes": 2, "mem": "8G"}}}})
+                  "node_config": {"nodes": 2, "mem": "8G", "prologue": ["module load x"]},
+                  "worker_setup_commands": ["pip install y"]}}})
     spec = build_job(cluster.provider, "c1", cluster.node_type("g"), kind="worker",
                      python="/venv/bin/python")
     script = render(spec)
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=2", "#SBATCH --cpus-per-task=2",
-                 "#SBATCH --mem=8G", "#SBATCH --gres=gpu:1"):
+                 "#SBATCH --mem=8G", "#SBATCH --gres=gpu:1",
+                 "#SBATCH --signal=TERM@60",  # the tasks drain; srun itself would kill them
+                 "module load x"):  # the environment, which srun hands to every task
         assert line in script.splitlines(), line
+    assert "pip install y" not in script.split("exec srun")[0]  # the setup runs on every node
     last = script.splitlines()[-1]
     assert last.startswith("exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "
-                           "--kill-on-bad-exit=1 --cpus-per-task=2 /venv/bin/python -m "
-                           "ray_slurm_provider.agent --spec ")
+                           "--kill-on-bad-exit=1 --wait=0 --cpus-per-task=2 bash -c ")
+    assert spec.command[7:11] == ["bash", "-c", 'set -eo pipefail\npip install y\nexec "$@"',
+                                  "bash"]
+    assert spec.command[11:15] == ["/venv/bin/python", "-m", "ray_slurm_provider.agent",
+                                   "--spec"]
     assert json.loads(spec.command[-1])["group_size"] == 2
     single = build_job(cluster.provider, "c1", cluster.node_type("head"), kind="head",
                        python="/venv/bin/python")

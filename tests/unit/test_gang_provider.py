@@ -8,6 +8,7 @@ takes all its members with it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
@@ -171,3 +172,58 @@ def test_a_gang_job_that_dies_before_ray_counts_once_against_its_type(tmp_path: 
     p.non_terminated_nodes({})
     entry = json.loads((p.cluster_dir.root / "errors.json").read_text())["gang"]
     assert entry["failures"] == 1 and "Slurm job 1000 " in entry["message"]
+
+
+def test_a_member_terminated_before_any_listing_leaves_its_group_be(tmp_path: Path) -> None:
+    """Review finding: the records of a job just created had no N, so releasing one member
+    cancelled the whole (live) group."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    p.terminate_node("1000.1")
+    assert f.cancelled == []
+    assert p.non_terminated_nodes({}) == ["1000.0"]
+
+
+def test_a_listing_in_flight_while_a_member_is_released_does_not_bring_it_back(
+        tmp_path: Path) -> None:
+    """v2 terminates from its own thread: a listing that read Slurm before the release must
+    not restore the member, neither then nor on the steady ticks after."""
+    from ray_slurm_provider.provider import provider as module
+
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    p.non_terminated_nodes({})
+    f.start("1000", "n[1-2]")
+    real = module.take
+
+    def take_then_release(*a: Any, **kw: Any) -> Any:
+        snap = real(*a, **kw)  # the listing's records, 1000.1 among them
+        p.terminate_node("1000.1")  # "meanwhile", on the executor's thread
+        return snap
+
+    module.take = take_then_release  # type: ignore[assignment]
+    try:
+        assert p.non_terminated_nodes({}) == ["1000.0"]
+    finally:
+        module.take = real
+    assert p.non_terminated_nodes({}) == ["1000.0"] == p.non_terminated_nodes({})
+
+
+def test_a_group_we_cancelled_is_no_crash_and_a_reused_job_id_starts_fresh(
+        tmp_path: Path) -> None:
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    p.non_terminated_nodes({})
+    p.terminate_nodes(["1000.0", "1000.1"])
+    assert f.cancelled == [["1000"]]
+    p.non_terminated_nodes({})
+    assert not (p.cluster_dir.root / "errors.json").exists()  # not held against the type
+    # Slurm's ids start again (a new controller state): old member dirs must not count.
+    stale = p.cluster_dir.node("1001.1")
+    stale.path.mkdir(parents=True)
+    stale.request_stop()
+    q, _ = make(tmp_path, FakeSlurm(nodes=fake().nodes.values(), first_id=1001,
+                                    partitions=fake().partitions))
+    assert sorted(q.create_node(GANG, TAGS, 2)) == ["1001.0", "1001.1"]
+    for _ in range(2):  # the first listing after a create keeps what it created anyway
+        assert sorted(q.non_terminated_nodes({})) == ["1001.0", "1001.1"]

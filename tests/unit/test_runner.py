@@ -204,7 +204,7 @@ def test_a_step_on_a_gang_member_runs_on_that_members_node_in_its_container(
     assert argv[:2] == ["srun", "--jobid=15"] and "--nodelist=n2" in argv
     assert "rsp-c1-15.1" in argv
     container = r.container()
-    assert container is not None and container[1].temp_dir.endswith("/12_3.1")
+    assert container is not None and container[1].temp_dir.endswith("/15.1")  # as the agent
     single = SrunCommandRunner(View(tmp_path, ncfg), "16")
     assert not any(a.startswith("--nodelist") for a in single.srun_argv("true"))
 

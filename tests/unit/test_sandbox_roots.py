@@ -222,3 +222,18 @@ def test_sacctmgr_steps_make_the_tree_qos_and_associations() -> None:
     assert "Account=team-a " in users["rsp-u1"] and "Account=team-b " in users["rsp-u2"]
     assert all("QOS=normal,high,scavenger,limited DefaultQOS=normal" in s
                for s in users.values())
+
+
+def test_the_apptainer_image_is_a_directory_replaced_whole(tmp_path: Path) -> None:
+    """`sandbox image --runtime apptainer`: the bind image's root filesystem as a directory
+    (readable by the sandbox's users); a rebuild replaces it and leaves nothing beside."""
+    from ray_slurm_provider.sandbox import image
+
+    dest = tmp_path / "shared" / "rsp-bind"
+    assert image.build(str(dest), "apptainer") == str(dest)
+    (dest / "etc" / "stale").write_text("from the old image")
+    image.build(str(dest), "apptainer")
+    assert (dest / "usr").is_dir() and (dest / "tmp").stat().st_mode & 0o7777 == 0o1777
+    assert os.readlink(dest / "bin") == "usr/bin" and stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert not (dest / "etc" / "stale").exists()
+    assert sorted(os.listdir(dest.parent)) == ["rsp-bind"]
