@@ -76,6 +76,7 @@ class GangHooks:
     #: was in flight while a member was released must not bring it back.
     _released: set[str]
     _sizes: dict[str, int]
+    _born: dict[str, int]
 
     @property
     def slurm(self) -> SlurmClient:
@@ -131,7 +132,9 @@ class GangHooks:
         for m in self._released & nodes.keys():
             del nodes[m]
         self._released = {m for m in self._released if split(m)[0] in listed}
-        self._sizes = {j: n for j, n in self._sizes.items() if j in listed}
+        # A job created while this listing was in flight is not in it yet (`_born`).
+        self._sizes = {j: n for j, n in self._sizes.items()
+                       if j in listed or f"{j}.0" in self._born}
 
     def members(self, job_id: str) -> list[str]:
         """The node ids listed for a job: itself, or its gang's members."""

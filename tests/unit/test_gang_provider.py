@@ -227,3 +227,25 @@ def test_a_group_we_cancelled_is_no_crash_and_a_reused_job_id_starts_fresh(
     assert sorted(q.create_node(GANG, TAGS, 2)) == ["1001.0", "1001.1"]
     for _ in range(2):  # the first listing after a create keeps what it created anyway
         assert sorted(q.non_terminated_nodes({})) == ["1001.0", "1001.1"]
+
+
+def test_a_group_created_while_a_listing_is_in_flight_keeps_its_size(tmp_path: Path) -> None:
+    """The listing that started before the create does not list the job yet; releasing one
+    member afterwards must still leave the group be (its N is not forgotten)."""
+    from ray_slurm_provider.provider import provider as module
+
+    p, f = make(tmp_path, fake())
+    real = module.take
+
+    def create_meanwhile(*a: Any, **kw: Any) -> Any:
+        snap = real(*a, **kw)
+        p.create_node(GANG, TAGS, 2)  # on another thread, while this listing is in flight
+        return snap
+
+    module.take = create_meanwhile  # type: ignore[assignment]
+    try:
+        p.non_terminated_nodes({})
+    finally:
+        module.take = real
+    p.terminate_node("1000.0")
+    assert f.cancelled == []
