@@ -24,22 +24,35 @@ class WorkerAgent(Agent):
         self.signalled = True
         super().on_signal(signum, frame)
 
+    finished = False  # run() has returned: the head watch ends
+
     def run(self) -> int:
+        try:
+            return self.attempts()
+        finally:
+            self.finished = True
+
+    def attempts(self) -> int:
+        """Start Ray, up to `spec.attempts` times; the job's exit code."""
         if self.released():
             log("this gang member was released before its Ray started; its task ends")
             return 0
         prog = shellcmd.parse_commands(self.spec.start_commands or DEFAULT_WORKER_START)
+        watching = False
         for attempt in range(1, self.spec.attempts + 1):
             started = False
             try:
                 argv, env = self.build(prog, {})
+                if not watching:
+                    # From before `ray start`: one that is still connecting to a head that
+                    # has gone would otherwise retry a dead GCS until Slurm's time limit.
+                    watching = self.watch_head()
                 self.run_before(prog.before, env)
 
                 def up(a: list[str] = argv, e: dict[str, str] = env) -> None:
                     nonlocal started
                     started = True
                     self.mark_started(a, e)
-                    self.watch_head()
 
                 code = self.run_ray(argv, env, up)
             except Stopping as e:
@@ -74,13 +87,15 @@ class WorkerAgent(Agent):
         log(f"Ray exited with code {code}; the job ends")
         return code
 
-    def watch_head(self) -> None:
-        """End this worker's job soon after its head is gone, or its job is (headwatch.py)."""
+    def watch_head(self) -> bool:
+        """End this worker's job soon after its head is gone, or its job is (headwatch.py),
+        from now until the agent stops; whether there is a head to watch."""
         head = self.cdir.read_head()
         if head:
             headwatch.start(self.cdir, head, on_gone=self.on_head_gone,
-                            alive=lambda: self.child is not None and not self.terminating,
+                            alive=lambda: not (self.terminating or self.finished),
                             node=self.ndir)
+        return head is not None
 
     def on_head_gone(self, reason: str) -> None:
         log(f"{reason}; ending this worker")

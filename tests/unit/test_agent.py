@@ -395,3 +395,26 @@ def test_the_temp_dir_parent_is_private_and_refused_when_it_is_not(
     parent.symlink_to(tmp_path)  # a link planted where the dir should be
     with pytest.raises(RuntimeError, match="not a directory of its own"):
         private_parent(temp_dir(str(root), "19"))
+
+
+def test_the_head_is_watched_from_before_ray_start(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head that goes while a worker's `ray start` still connects to it (seen in CI: the
+    one-shot head scancelled as its workers started) must end the worker then, not after
+    Ray's own GCS retries or Slurm's time limit: the watch starts before `ray start`, once,
+    and ends when the agent does."""
+    events: list[str] = []
+    a, started = agent(tmp_path, monkeypatch, [FakeChild([], 1), FakeChild([], 1)], attempts=2)
+    real_start = proc.start  # the agent's fake, which records into `started`
+    monkeypatch.setattr(proc, "start", lambda argv, env=None: events.append("start")
+                        or real_start(argv, env))
+    watches: list[Any] = []
+
+    def watch(cdir: Any, head: Any, alive: Any, on_gone: Any, node: Any = None) -> None:
+        events.append("watch")
+        watches.append(alive)
+
+    monkeypatch.setattr("ray_slurm_provider.agent.headwatch.start", watch)
+    assert watches == [] and a.main() == 1
+    assert events == ["watch", "start", "start"] and len(started) == 2
+    assert not watches[0]()  # the agent has returned: the watch ends
