@@ -172,6 +172,17 @@ def check_gangs(raw: Mapping[str, Any], node_types: Mapping[str, NodeType]) -> N
                 raise ConfigError(
                     f"{where}.{key}: {value} is not a multiple of {where}.node_config.nodes "
                     f"{n} (a gang type starts whole groups of {n} nodes); valid: {valid}")
+        # Autoscaler v2 releases at most ceil(upscaling_speed * running) queued nodes of a
+        # type per tick (at least 1): below N it asks for part of a group, the group's other
+        # nodes arrive unasked, and the requests still queued then count as surplus against
+        # max_workers, for which v2 terminates nodes, a fresh member among them (seen live).
+        speed = raw.get("upscaling_speed")
+        if speed is None or float(speed) < n:
+            raise ConfigError(
+                f"upscaling_speed: {speed if speed is not None else 'not set'} is below "
+                f"{where}.node_config.nodes {n}: the autoscaler would ask for part of a gang "
+                f"group at a time and then terminate nodes of it as surplus; valid: {n} or "
+                "more")
 
 
 def check_start_commands(raw: Mapping[str, Any]) -> None:

@@ -27,7 +27,7 @@ ENV = {"SLURM_JOB_ID": "9", "SLURM_NODEID": "1", "SLURM_CPUS_ON_NODE": "2"}
 def test_a_gang_job_runs_one_agent_per_node_with_the_nodes_share() -> None:
     cluster = parse_cluster({
         "cluster_name": "c1", "provider": {"type": "external", "module": "x"},
-        "head_node_type": "head",
+        "head_node_type": "head", "upscaling_speed": 2,
         "available_node_types": {
             "head": {"node_config": {}},
             "g": {"max_workers": 4, "resources": {"CPU": 2, "GPU": 1},

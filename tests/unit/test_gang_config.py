@@ -15,8 +15,10 @@ from tests.unit.test_config_checks import NC, cfg, live  # noqa: F401  (autouse:
 
 
 def gang(nodes: Any, max_workers: int | None = 4, min_workers: int | None = 0,
-         **node_config: Any) -> dict[str, Any]:
+         speed: float | None = 2.0, **node_config: Any) -> dict[str, Any]:
     c = cfg({"nodes": nodes, **node_config})
+    if speed is not None:
+        c["upscaling_speed"] = speed
     w = c["available_node_types"]["w"]
     if max_workers is not None:
         w["max_workers"] = max_workers
@@ -37,6 +39,10 @@ def gang(nodes: Any, max_workers: int | None = 4, min_workers: int | None = 0,
      r"\(nodes: 2\) needs its own max_workers, a multiple of 2"),
     (gang(2, partition="gpu"), rf"{NC}\.nodes: 2 is more than the 1 node\(s\) of partition "
      r"'gpu'; valid: 1 to 1"),
+    # v2 would request part of a group per tick, then terminate members as surplus.
+    (gang(2, speed=1.0), rf"upscaling_speed: 1.0 is below {NC}\.nodes 2: the autoscaler "
+     r"would ask for part of a gang group at a time .*; valid: 2 or more"),
+    (gang(2, speed=None), r"upscaling_speed: not set is below"),
 ])
 def test_bad_gangs_are_refused_by_validate_and_ray_up(config: dict[str, Any],
                                                       match: str) -> None:
