@@ -180,9 +180,13 @@ class Driver:
         return str(self._call("GET", f"/api/jobs/{self.sid}/logs")["logs"])
 
     def why(self) -> str:
-        """Ray's message for the job and the end of its output (for assertion messages)."""
+        """Ray's message for the job and the end of its output (for assertion messages), the
+        driver's last Python traceback first: Ray's own log lines can bury it."""
         info = self._call("GET", f"/api/jobs/{self.sid}")
-        return f"{info.get('status')}: {info.get('message')}\n{self.logs()[-3000:]}"
+        logs = self.logs()
+        tb = logs.rfind("Traceback (most recent call last)")
+        first = f"{logs[tb:tb + 3000]}\n---\n" if tb >= 0 else ""
+        return f"{info.get('status')}: {info.get('message')}\n{first}{logs[-3000:]}"
 
     def result(self, tag: str) -> str:
         line = next((x for x in self.logs().splitlines() if x.startswith(tag + " ")), None)
