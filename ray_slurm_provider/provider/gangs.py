@@ -14,7 +14,9 @@ The one home of the group rules; the provider and its snapshot only call them.
 * Released: terminating a member (the autoscaler found it idle) stops its Ray and ends its
   task with exit 0 (the `stop` file of its node dir, which its agent watches); the member
   leaves the listing at once, and the job is cancelled when its last member is released. So
-  a group's allocation ends only when all its nodes were idle.
+  a group's allocation ends only when all its nodes were idle. A job whose every member was
+  released but which was not cancelled (scancel failed) is listed whole again, as a one-node
+  job would be, so the next terminate call (or `ray down`) cancels it.
 * Lost: a member whose Ray dies ends its agent with an error; `srun --kill-on-bad-exit`
   then ends every other member and the job, and all N leave the same listing. A node that
   fails ends the job in Slurm. Either way the group is replaced as one.
@@ -77,6 +79,7 @@ class GangHooks:
     _released: set[str]
     _sizes: dict[str, int]
     _born: dict[str, int]
+    _gone: dict[str, float]
 
     @property
     def slurm(self) -> SlurmClient:
@@ -120,8 +123,9 @@ class GangHooks:
             return ids, ids
         with self._lock:
             jobs = release(members, self._size, self.released, self._release)
-            for member in members:
-                self._nodes.pop(member, None)
+            for member in members:  # a job to cancel keeps them until its scancel worked
+                if split(member)[0] not in jobs:
+                    self._nodes.pop(member, None)
         singles = [i for i in ids if split(i)[1] is None]
         return [*singles, *jobs], [*singles, *(m for j, n in jobs.items()
                                                 for m in member_ids(j, n))]
@@ -130,7 +134,10 @@ class GangHooks:
         """Leave this process's released members out of a listing (taken, maybe, before they
         were released); forget what it knew of gang jobs that are no longer `listed`."""
         for m in self._released & nodes.keys():
-            del nodes[m]
+            job = split(m)[0]  # a job released whole but not cancelled shows: cancel again
+            if job in self._gone or not all(self.released(i) for i in member_ids(
+                    job, int((decode_tags(nodes[m].job.comment) or {}).get(GROUP_TAG, "1")))):
+                del nodes[m]
         self._released = {m for m in self._released if split(m)[0] in listed}
         # A job created while this listing was in flight is not in it yet (`_born`).
         self._sizes = {j: n for j, n in self._sizes.items()

@@ -75,7 +75,7 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container
     new one from the job comment's creation tags (`tags` adds what the cluster directory
     holds). Jobs that are not ours, not active, or cancelled by us (`gone`) are left out.
     A gang job is a record per member (`<job>.<k>`, all in the job's state), but for the
-    members already `released` (gangs.py)."""
+    members already `released` (gangs.py) of a job not released whole."""
     snap = Snapshot()
     for job in jobs:
         rec = prev.get(job.job_id)
@@ -90,9 +90,12 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container
             snap.strays.append(job.job_id)
             continue
         size = int(created.pop(GROUP_TAG, "1"))
-        for node_id in member_ids(job.job_id, size) if size > 1 else [job.job_id]:
+        ids = member_ids(job.job_id, size) if size > 1 else [job.job_id]
+        # Released members leave; a job released whole but still listed was not cancelled.
+        whole = size > 1 and all(released(i) for i in ids)
+        for node_id in ids:
             rec = prev.get(node_id) if size > 1 else None
-            if size > 1 and released(node_id):
+            if size > 1 and not whole and released(node_id):
                 continue
             if rec is not None and unchanged(rec, job):
                 rec.job = job

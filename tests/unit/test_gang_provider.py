@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
 from ray_slurm_provider.jobs import GROUP_TAG
 from ray_slurm_provider.nodespec import member_ids, split
 from ray_slurm_provider.provider import gangs
-from ray_slurm_provider.slurm.client import Node
+from ray_slurm_provider.slurm.client import Node, SlurmError
 from tests.fakes import FakeSlurm
 from tests.unit.test_provider import make
 
@@ -249,3 +250,39 @@ def test_a_group_created_while_a_listing_is_in_flight_keeps_its_size(tmp_path: P
         module.take = real
     p.terminate_node("1000.0")
     assert f.cancelled == []
+
+
+def test_a_group_whose_cancel_failed_shows_up_again_and_is_cancelled_next_time(
+        tmp_path: Path) -> None:
+    """A transient Slurm error in the scancel of a fully released group: the job (PENDING,
+    so no agent sees its stop file yet) must not hide behind its released members, or it
+    would outlive its cluster. Like a one-node job, it shows up again until cancelled."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    p.non_terminated_nodes({})
+    f.set_outage(True)
+    with pytest.raises(SlurmError):
+        p.terminate_nodes(["1000.0", "1000.1"])
+    f.set_outage(False)
+    assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]
+    p.terminate_nodes(["1000.0", "1000.1"])
+    assert f.cancelled == [["1000"]]
+    assert p.non_terminated_nodes({}) == []
+
+
+def test_ray_down_cancels_a_fully_released_group_the_head_could_not_cancel(
+        tmp_path: Path) -> None:
+    """The head's autoscaler released every member but its scancel failed; `ray down` (a
+    new process, nothing in memory but the stop files) still lists and cancels the job."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    p.non_terminated_nodes({})
+    p.terminate_node("1000.0")
+    f.set_outage(True)
+    with pytest.raises(SlurmError):
+        p.terminate_node("1000.1")
+    f.set_outage(False)
+    q, _ = make(tmp_path, f)
+    assert sorted(q.non_terminated_nodes({})) == ["1000.0", "1000.1"]
+    q.terminate_nodes(sorted(q.non_terminated_nodes({})))
+    assert f.cancelled == [["1000"]]
