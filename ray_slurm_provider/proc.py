@@ -10,7 +10,8 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -248,3 +249,41 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> int:
             os.kill(p, sig)
             n += 1
     return n
+
+
+#: How long a child's output may stay open after it exited before its holders are ended.
+ORPHAN_GRACE_S = 5.0
+
+
+def pipe_holders(fd: int) -> list[int]:
+    """The other processes that hold the pipe behind `fd` open (from /proc/*/fd; those of
+    other users cannot be read and are not ours)."""
+    target, me, out = f"pipe:[{os.fstat(fd).st_ino}]", os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{entry.name}/fd/{n}") == target
+                   for n in os.listdir(f"/proc/{entry.name}/fd")):
+                out.append(int(entry.name))
+    return out
+
+
+def end_orphans(child: subprocess.Popen[str], eof: threading.Event,
+                tell: Callable[[list[int]], object] = lambda _: None) -> list[int]:
+    """Once `child` has exited, end (with what they started) the processes that still hold
+    its output ORPHAN_GRACE_S later, unless the reader saw `eof`: daemons a `ray start`
+    killed mid-start left behind, which would keep the reader waiting and outlive the job.
+    `tell` hears their pids first. Run in a thread of its own beside the reader."""
+    child.wait()
+    if eof.wait(ORPHAN_GRACE_S) or child.stdout is None:
+        return []
+    try:
+        pids = pipe_holders(child.stdout.fileno())
+    except (OSError, ValueError):  # the reader has closed it meanwhile (or not a pipe)
+        return []
+    if pids:
+        tell(pids)
+    for pid in pids:
+        kill_tree(pid)
+    return pids

@@ -152,15 +152,23 @@ class Agent:
         self.child = proc.start(argv, env=env)
         if self.stopping():  # the TERM came while it started: on_term saw no child yet
             self.child.send_signal(signal.SIGTERM)
+        eof = threading.Event()
+        # A TERM mid-start ends `ray start` but not the daemons it has started.
+        threading.Thread(target=proc.end_orphans, args=(self.child, eof, self._orphans),
+                         daemon=True).start()
         assert self.child.stdout is not None
         for line in self.child.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
             if STARTED_MARKER in line:
                 on_started()
+        eof.set()
         code = int(self.child.wait())
         self.child = None
         return code
+
+    def _orphans(self, pids: list[int]) -> None:
+        log(f"ending {len(pids)} process(es) `ray start` left behind: {pids}")
 
     def run_before(self, cmds: list[str], env: dict[str, str]) -> None:
         for c in cmds:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -418,3 +420,39 @@ def test_the_head_is_watched_from_before_ray_start(tmp_path: Path,
     assert watches == [] and a.main() == 1
     assert events == ["watch", "start", "start"] and len(started) == 2
     assert not watches[0]()  # the agent has returned: the watch ends
+
+
+# --- a `ray start` that ends while daemons it started still hold its output ------------------
+def _fds(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone
+        return []
+
+
+def test_ray_starts_orphans_are_ended_so_the_agent_never_blocks_on_their_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A TERM while `ray start` is still starting ends it before it can stop the daemons it
+    has started; they keep its stdout open, so the agent's read never ends (until Slurm's
+    SIGKILL, which proctrack/linuxproc does not pass on to orphans). Here the child (real
+    processes) exits at once and leaves a `sleep` holding the pipe, as such a daemon would."""
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
+    a = WorkerAgent(spec, {"SLURM_JOB_ID": "9", "HOME": str(tmp_path)})
+    monkeypatch.setattr(proc, "ORPHAN_GRACE_S", 0.05)
+    pids: list[int] = []
+
+    def started() -> None:
+        pids.extend(int(p) for p in (tmp_path / "pid").read_text().split())
+
+    script = f"sleep 300 & echo $! > {tmp_path}/pid; echo 'Ray runtime started.'; exit 3"
+    try:
+        assert a.run_ray(["bash", "-c", script], {"PATH": "/usr/bin:/bin"}, started) == 3
+        # Its read ended: the sleep holds nothing open any more (it is dying or gone).
+        assert pids and all(_fds(p) == [] for p in pids)
+        assert f"ending 1 process(es) `ray start` left behind: {pids}" in capsys.readouterr().out
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, 9)
