@@ -51,7 +51,11 @@ phase() (
   else
     trap 'echo "== sandbox down ($name)"; ray-slurm sandbox down --state-dir "$dir"' EXIT
     # shellcheck disable=SC2086
-    ray-slurm sandbox up --install $up_args --state-dir "$dir" || exit 1
+    if ! ray-slurm sandbox up --install $up_args --state-dir "$dir"; then
+      # The EXIT trap's `down` removes the state dir: show its daemons' logs first.
+      for f in "$dir"/log/*; do [ -f "$f" ] && { echo "== $f"; tail -n 40 "$f"; }; done
+      exit 1
+    fi
   fi
   # shellcheck disable=SC1091
   source "$dir/env.sh" || exit 1

@@ -1,0 +1,66 @@
+"""A gang job's step on the real sandbox: the drain signal before the time limit
+(`--signal=TERM@<s>`, jobs.py) reaches every node's agent, and srun lets them drain.
+
+The agents are stand-ins (a bash trap); the step is the one jobs.gang_step renders. A
+`B:TERM@` would reach only the batch shell; with srun under it, the tasks would never hear it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider.jobs import gang_step
+from ray_slurm_provider.sandbox import Sandbox
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.spec import JobSpec
+from tests.integration.test_slurm_cli_sandbox import wait_for
+
+pytestmark = pytest.mark.integration
+
+DRAIN_S = 3
+
+
+def _events(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    client = CliSlurmClient(timeout=60)
+    name = f"rsp-it-{uuid.uuid4().hex[:10]}"
+    out = shlex.quote(str(tmp_path / "events"))
+    # Each "agent" drains for DRAIN_S after the TERM, then ends with 0, as a drained Ray does.
+    agent = ["bash", "-c",
+             f"trap 'echo TERM $SLURM_NODEID >> {out}; sleep {DRAIN_S}; "
+             f"echo drained $SLURM_NODEID >> {out}; exit 0' TERM; "
+             f"echo up $SLURM_NODEID >> {out}; while :; do sleep 1; done"]
+    setup = [f"echo setup $SLURMD_NODENAME >> {out}"]
+    spec = JobSpec(name, gang_step(2, 1, setup, agent), nodes=2, ntasks=2, cpus_per_task=1,
+                   mem="100", time="2", signal="TERM@60", output=str(tmp_path / "log"))
+    job_id = client.submit(spec)
+    try:
+        jobs = wait_for(client, name, lambda js: all(j.running for j in js), timeout=90)
+        assert jobs and all(j.running for j in jobs), jobs
+        started = time.monotonic()
+        # Slurm sends it when about 60 s are left, give or take its 30 s check interval.
+        wait_for(client, name, lambda _: sum(e.startswith("drained") for e in
+                                             _events(tmp_path / "events")) == 2, timeout=150)
+        took = time.monotonic() - started
+        # Every task exited 0, so the job ends on its own, before its time limit.
+        left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=30)
+    except BaseException:
+        client.cancel([job_id])
+        raise
+    events = _events(tmp_path / "events")
+    log = (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
+    setups = {e for e in events if e.startswith("setup")}  # which 2 of the 3 nodes: Slurm's
+    assert len(setups) == 2 and sorted(set(events) - setups) == [
+        "TERM 0", "TERM 1", "drained 0", "drained 1", "up 0", "up 1"], (events, log)
+    assert len(events) == 8, (events, log)
+    assert took < 120, f"the TERM came {took:.0f}s after the start of a 2-minute job"
+    assert not any(j.active for j in left), (left, log)
