@@ -43,6 +43,16 @@ SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SCONTROL_", "SRUN_"
 KEEP_VARS = ("SLURM_CONF",)
 
 
+def job_environment(src: Mapping[str, str], drop: Iterable[str] = ()) -> dict[str, str]:
+    """The environment a job submitted without sbatch (REST, pyslurm) is given: the
+    submitting process's, scrubbed as the CLI back end scrubs sbatch's, without exported
+    bash functions and the variables in `drop`."""
+    gone = set(drop)
+    return {k: v for k, v in src.items()
+            if k not in gone and not k.startswith("BASH_FUNC_")
+            and (k in KEEP_VARS or not k.startswith(SCRUB_PREFIXES))}
+
+
 class SlurmError(Exception):
     """Slurm refused or failed a request; `slurm_message` holds Slurm's own words."""
 

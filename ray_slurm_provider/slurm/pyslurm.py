@@ -27,6 +27,7 @@ naming it, never dropped.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,7 @@ from ray_slurm_provider.slurm.client import (
     SlurmError,
     classify,
     is_job_gone,
+    job_environment,
 )
 from ray_slurm_provider.slurm.rest import parse as rest_parse
 from ray_slurm_provider.slurm.script import render, user_options
@@ -222,8 +224,11 @@ def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
         "standard_output": spec.output, "standard_error": spec.error,
         "log_files_open_mode": spec.open_mode, "is_requeueable": spec.requeue,
     }
-    # environment ALL: sbatch's default, the submitting process's environment.
-    kw: dict[str, Any] = {"script": render(spec), "environment": "ALL", "name": spec.job_name}
+    # Not "ALL" (pyslurm copies the process's environment as it is), but what the CLI back
+    # end's sbatch exports. pyslurm adds the process's SLURM_* variables to a dict itself;
+    # slurmd sets the job's own over them.
+    kw: dict[str, Any] = {"script": render(spec), "name": spec.job_name,
+                          "environment": job_environment(os.environ)}
     kw.update((k, v) for k, v in typed.items() if v is not None)
     for key, value in user_options(spec):
         if key in _FLAGS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -13,6 +14,7 @@ from ray_slurm_provider.slurm.client import (
     PermanentSlurmError,
     SlurmClient,
     TransientSlurmError,
+    job_environment,
 )
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient, major_minor
@@ -74,8 +76,9 @@ def test_submit_list_cancel(mod: Any) -> None:
     spec = JobSpec("ray-c", ["true"], partition="gpu")
     job_id = client.submit(spec, comment="ray-slurm:{}")
     (kw,) = mod.state["submitted"]
-    assert kw == {"script": render(spec), "environment": "ALL", "name": "ray-c",
-                  "comment": "ray-slurm:{}", "partitions": "gpu", "nodes": 1, "ntasks": 1}
+    assert kw == {"script": render(spec), "environment": job_environment(os.environ),
+                  "name": "ray-c", "comment": "ray-slurm:{}", "partitions": "gpu", "nodes": 1,
+                  "ntasks": 1}
     mod.state["jobs"][999] = FakeJob(999, "ray-c", user_name="bob", state="RUNNING")
     mod.state["jobs"][998] = FakeJob(998, "ray-c", state="COMPLETED")
     mod.state["jobs"][997] = FakeJob(997, "ray-c", state="RUNNING", batch_host="n2",
@@ -132,7 +135,8 @@ def test_every_field_is_an_attribute(mod: Any) -> None:
     client.submit(spec, comment="tags")
     (kw,) = mod.state["submitted"]
     assert kw == {
-        "script": render(spec), "environment": "ALL", "name": "ray-c", "partitions": "gpu",
+        "script": render(spec), "environment": job_environment(os.environ), "name": "ray-c",
+        "partitions": "gpu",
         "account": "a", "qos": "q", "time_limit": "1:00:00", "nodes": 2, "ntasks": 2,
         "cpus_per_task": 4, "memory_per_node": "16G", "gres_per_node": "gpu:2,gpu:a100:1",
         "constraints": "ib", "resource_sharing": "no", "reservations": "r",
@@ -147,3 +151,19 @@ def test_every_field_is_an_attribute(mod: Any) -> None:
             client.submit(JobSpec("j", ["true"], sbatch_options=bad))
         assert "slurm_api: cli" in str(ei.value)
     assert len(mod.state["submitted"]) == 1
+
+
+def test_a_job_starts_with_the_scrubbed_environment_never_the_autoscalers_own(
+        mod: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's autoscaler submits worker jobs from inside the head's job: its RAY_*
+    settings and sbatch's input variables must not become the workers' (as with the CLI and
+    REST back ends). pyslurm's "ALL" copies the whole process environment as it is."""
+    for k, v in {"RAY_OVERRIDE_RESOURCES": '{"CPU": 64}', "SBATCH_PARTITION": "other",
+                 "SLURM_CPUS_PER_TASK": "8", "SLURM_CONF": "/etc/slurm/slurm.conf",
+                 "BASH_FUNC_module%%": "() { :; }", "MY_VAR": "kept"}.items():
+        monkeypatch.setenv(k, v)
+    PyslurmSlurmClient(module=mod).submit(JobSpec("ray-c", ["true"]))
+    env = mod.state["submitted"][0]["environment"]
+    assert isinstance(env, dict)
+    assert env["MY_VAR"] == "kept" and env["SLURM_CONF"] == "/etc/slurm/slurm.conf"
+    assert not [k for k in env if k.startswith(("RAY_", "SBATCH_", "SLURM_CPUS", "BASH_FUNC"))]

@@ -32,15 +32,14 @@ from typing import Any
 
 from ray_slurm_provider.slurm.client import (
     JOB_ID_RE,
-    KEEP_VARS,
     LIST_STATES,
-    SCRUB_PREFIXES,
     ClusterInfo,
     Job,
     Node,
     PermanentSlurmError,
     SlurmError,
     is_job_gone,
+    job_environment,
 )
 from ray_slurm_provider.slurm.rest import http as rest_http
 from ray_slurm_provider.slurm.rest import job as rest_job
@@ -163,11 +162,7 @@ class RestSlurmClient:
 
     def job_environment(self) -> dict[str, str]:
         """What a submitted job's environment holds (see the module docstring)."""
-        src = self.environ()
-        drop = {self._jwt_env}
-        return {k: v for k, v in src.items()
-                if k not in drop and not k.startswith("BASH_FUNC_")
-                and (k in KEEP_VARS or not k.startswith(SCRUB_PREFIXES))}
+        return job_environment(self.environ(), drop=[self._jwt_env])
 
     # --- SlurmClient ----------------------------------------------------------------------
 
