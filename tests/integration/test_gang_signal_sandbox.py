@@ -44,7 +44,8 @@ def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
                    mem="100", time="2", signal="TERM@60", output=str(tmp_path / "log"))
     job_id = client.submit(spec)
     try:
-        jobs = wait_for(client, name, lambda js: all(j.running for j in js), timeout=90)
+        jobs = wait_for(client, name, lambda js: bool(js) and all(j.running for j in js),
+                        timeout=90)
         assert jobs and all(j.running for j in jobs), jobs
         started = time.monotonic()
         # Slurm sends it when about 60 s are left, give or take its 30 s check interval.
@@ -53,9 +54,8 @@ def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
         took = time.monotonic() - started
         # Every task exited 0, so the job ends on its own, before its time limit.
         left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=30)
-    except BaseException:
-        client.cancel([job_id])
-        raise
+    finally:
+        client.cancel([job_id])  # gone by now, unless the test failed
     events = _events(tmp_path / "events")
     log = (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
     setups = {e for e in events if e.startswith("setup")}  # which 2 of the 3 nodes: Slurm's
