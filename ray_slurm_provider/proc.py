@@ -280,7 +280,7 @@ def end_orphans(child: subprocess.Popen[str], eof: threading.Event,
         return []
     try:
         pids = pipe_holders(child.stdout.fileno())
-    except (OSError, ValueError):  # the reader has closed it meanwhile (or not a pipe)
+    except (OSError, ValueError, AttributeError):  # closed meanwhile, or not a pipe
         return []
     if pids:
         tell(pids)

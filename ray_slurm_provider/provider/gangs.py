@@ -80,6 +80,8 @@ class GangHooks:
     _sizes: dict[str, int]
     _born: dict[str, int]
     _gone: dict[str, float]
+    _gen: tuple[str, int] | None
+    _clock: Callable[[], float]
 
     @property
     def slurm(self) -> SlurmClient:
@@ -126,9 +128,24 @@ class GangHooks:
             for member in members:  # a job to cancel keeps them until its scancel worked
                 if split(member)[0] not in jobs:
                     self._nodes.pop(member, None)
+            for job in jobs:  # cancelled from now: a listing meanwhile shows none of them
+                self._gone[job] = self._clock()
         singles = [i for i in ids if split(i)[1] is None]
         return [*singles, *jobs], [*singles, *(m for j, n in jobs.items()
                                                 for m in member_ids(j, n))]
+
+    def cancel_jobs(self, ids: list[str]) -> None:
+        """One scancel of `ids`. If it fails, none counts as cancelled: a group released
+        whole is listed whole again, from a fresh listing (not last tick's records), so the
+        next terminate call cancels it."""
+        try:
+            self.slurm.cancel(ids)
+        except Exception:
+            with self._lock:
+                for i in ids:
+                    self._gone.pop(i, None)
+                self._gen = None
+            raise
 
     def drop_released(self, nodes: dict[str, NodeRecord], listed: set[str]) -> None:
         """Leave this process's released members out of a listing (taken, maybe, before they

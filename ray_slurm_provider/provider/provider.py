@@ -161,7 +161,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
             except SlurmError as e:
                 logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
         crashed: set[str] = set()  # a gang job's members count once
-        for node_id, rec in vanished_workers(before, nodes, self._gone):
+        for node_id, rec in vanished_workers(before, nodes, self._gone, self.released):
             job_id = split(node_id)[0]
             if self.cluster_dir.ray_up(node_id):
                 # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
@@ -278,7 +278,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids)
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
-        self.slurm.cancel(ids)  # one call; jobs already gone are fine; errors raise
+        self.cancel_jobs(ids)  # one call; jobs already gone are fine; errors raise
         with self._lock:
             now = self._clock()
             for i in ids:

@@ -118,12 +118,14 @@ def settling(records: Iterable[NodeRecord]) -> bool:
 
 
 def vanished_workers(before: Mapping[str, NodeRecord], now: Mapping[str, NodeRecord],
-                     gone: Container[str]) -> list[tuple[str, NodeRecord]]:
+                     gone: Container[str], released: Callable[[str], bool] = lambda _: False,
+                     ) -> list[tuple[str, NodeRecord]]:
     """Workers listed last tick (pending or running: a job whose prologue fails goes from
-    PENDING to gone between two ticks) that left the queue without us cancelling them."""
+    PENDING to gone between two ticks) that left the queue without us cancelling them (or
+    releasing them: gangs.py)."""
     return [(job_id, rec) for job_id, rec in before.items()
             if job_id not in now and split(job_id)[0] not in gone and rec.job.active
-            and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER]
+            and rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and not released(job_id)]
 
 
 def keep_created(nodes: dict[str, NodeRecord], current: Mapping[str, NodeRecord],

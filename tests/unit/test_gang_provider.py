@@ -16,7 +16,7 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 from ray_slurm_provider.jobs import GROUP_TAG
 from ray_slurm_provider.nodespec import member_ids, split
 from ray_slurm_provider.provider import gangs
-from ray_slurm_provider.slurm.client import Node, SlurmError
+from ray_slurm_provider.slurm.client import Node, SlurmError, TransientSlurmError
 from tests.fakes import FakeSlurm
 from tests.unit.test_provider import make
 
@@ -286,3 +286,69 @@ def test_ray_down_cancels_a_fully_released_group_the_head_could_not_cancel(
     assert sorted(q.non_terminated_nodes({})) == ["1000.0", "1000.1"]
     q.terminate_nodes(sorted(q.non_terminated_nodes({})))
     assert f.cancelled == [["1000"]]
+
+
+def test_a_listing_during_the_groups_scancel_brings_back_no_member(tmp_path: Path) -> None:
+    """v2 terminates from its own thread pool: a listing while the last member's scancel is
+    in flight must not show the member released earlier (v2 would adopt it as new)."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    f.start("1000", "n[1-2]")
+    p.non_terminated_nodes({})
+    p.terminate_node("1000.0")
+    real = f.cancel
+    seen: list[list[str]] = []
+
+    def cancel_while_listing(ids: Any) -> None:
+        seen.append(p.non_terminated_nodes({}))  # the reconciler's tick, meanwhile
+        real(ids)
+
+    f.cancel = cancel_while_listing  # type: ignore[method-assign]
+    p.terminate_node("1000.1")
+    assert seen == [[]] and f.cancelled == [["1000"]]
+
+
+def test_a_group_whose_cancel_failed_is_listed_whole_on_a_steady_tick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members released in two calls, the second scancel fails: the next tick (the same
+    listing, so a steady one) shows the whole group again."""
+    p, f = make(tmp_path, fake())
+    listed: list[list[Any]] = []
+    real = f.list_jobs
+
+    def stable(name: str) -> list[Any]:
+        """As the CLI client's cache does: an unchanged listing is the same list again."""
+        new = real(name)
+        if listed and [(j.job_id, j.state) for j in listed[-1]] == [
+                (j.job_id, j.state) for j in new]:
+            return listed[-1]
+        listed.append(new)
+        return new
+
+    monkeypatch.setattr(f, "list_jobs", stable)
+    p.create_node(GANG, TAGS, 2)
+    p.non_terminated_nodes({})
+    p.terminate_node("1000.0")
+    assert p.non_terminated_nodes({}) == ["1000.1"]
+    f.fail_next("cancel", TransientSlurmError("scancel: error: Unable to contact slurm "
+                                              "controller (connect failure)"))
+    with pytest.raises(SlurmError):
+        p.terminate_node("1000.1")
+    assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]
+
+
+def test_a_group_listed_again_that_ends_on_its_own_is_no_crash(tmp_path: Path) -> None:
+    """After a failed scancel the released members show again; their agents obey the stop
+    files and the job completes: not a type whose jobs die before Ray."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    f.start("1000", "n[1-2]")
+    p.non_terminated_nodes({})
+    f.set_outage(True)
+    with pytest.raises(SlurmError):
+        p.terminate_nodes(["1000.0", "1000.1"])
+    f.set_outage(False)
+    assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]
+    f.finish("1000", "COMPLETED")
+    assert p.non_terminated_nodes({}) == []
+    assert not (p.cluster_dir.root / "errors.json").exists()
