@@ -10,6 +10,7 @@ tests/fixtures/slurmrestd-22.05/), so results can be compared with the other bac
 
 from __future__ import annotations
 
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,11 +82,22 @@ class _Collection(dict[Any, Any]):
     pass
 
 
+#: As in pyslurm/core/job/submission.pyx (`from os import environ as pyenviron`).
+pyenviron = os.environ
+
+
+def job_env(environment: Any) -> dict[str, str]:
+    """The environment pyslurm's `_set_environment` gives a job whose `environment` is a
+    dict: every SLURM_* variable of `pyenviron` first, then the dict's."""
+    assert isinstance(environment, dict), environment
+    return {**{k: v for k, v in pyenviron.items() if k.startswith("SLURM_")}, **environment}
+
+
 def make_module(version: str = "22.5.1") -> types.ModuleType:
     """A fresh fake `pyslurm` module with the sandbox's cluster and no jobs."""
     mod = types.ModuleType("pyslurm")
     state: dict[str, Any] = {
-        "jobs": {}, "next": 200, "cancelled": [], "submitted": [],
+        "jobs": {}, "next": 200, "cancelled": [], "submitted": [], "job_env": [],
         "nodes": [FakeNode("n1", "127.0.0.2"), FakeNode("n2", "127.0.0.3"),
                   FakeNode("n3", "127.0.0.4")],
         "parts": [FakePartition("cpu", is_default=True), FakePartition("gpu")],
@@ -116,6 +128,7 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
             job_id = state["next"]
             state["next"] += 1
             state["submitted"].append(dict(self.kw))
+            state["job_env"].append(job_env(self.kw.get("environment")))
             state["jobs"][job_id] = FakeJob(job_id, self.kw.get("name", "sbatch"),
                                             comment=self.kw.get("comment"), partition=part)
             return job_id

@@ -26,11 +26,13 @@ naming it, never dropped.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
+import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
@@ -129,7 +131,8 @@ class PyslurmSlurmClient:
     def submit(self, spec: JobSpec, *, comment: str = "") -> str:
         kw = description(spec, comment)
         desc = self.lib().JobSubmitDescription(**kw)
-        return str(self._call("submitting a job", desc.submit))
+        with _process_env_as(sys.modules.get(type(desc).__module__), kw["environment"]):
+            return str(self._call("submitting a job", desc.submit))
 
     def list_jobs(self, job_name: str) -> list[Job]:
         if not job_name or "," in job_name:
@@ -209,6 +212,27 @@ class PyslurmSlurmClient:
         return nodes
 
 
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _process_env_as(module: ModuleType | None, env: Mapping[str, str]) -> Iterator[None]:
+    """pyslurm gives a job whose environment is a dict every SLURM_* variable of the
+    process first (submission.pyx: `_set_environment` reads its module's `pyenviron`, which
+    is os.environ): let that name be the job's scrubbed environment while it submits. A
+    pyslurm without the name is left alone (the user guide says what it then adds)."""
+    if module is None or not isinstance(getattr(module, "pyenviron", None), Mapping):
+        yield
+        return
+    with _ENV_LOCK:
+        saved = module.pyenviron
+        setattr(module, "pyenviron", env)  # noqa: B010 (a module attribute mypy cannot see)
+        try:
+            yield
+        finally:
+            setattr(module, "pyenviron", saved)  # noqa: B010
+
+
 def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
     """The JobSubmitDescription attributes for `spec` (ScriptError if it is invalid)."""
     gres = [g for g in (spec.gres, spec.gpus_per_node and f"gpu:{spec.gpus_per_node}") if g]
@@ -225,8 +249,7 @@ def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
         "log_files_open_mode": spec.open_mode, "is_requeueable": spec.requeue,
     }
     # Not "ALL" (pyslurm copies the process's environment as it is), but what the CLI back
-    # end's sbatch exports. pyslurm adds the process's SLURM_* variables to a dict itself;
-    # slurmd sets the job's own over them.
+    # end's sbatch exports (and `submit` keeps pyslurm from adding the process's SLURM_*).
     kw: dict[str, Any] = {"script": render(spec), "name": spec.job_name,
                           "environment": job_environment(os.environ)}
     kw.update((k, v) for k, v in typed.items() if v is not None)

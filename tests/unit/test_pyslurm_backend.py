@@ -19,6 +19,7 @@ from ray_slurm_provider.slurm.client import (
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient, major_minor
 from ray_slurm_provider.slurm.script import JobSpec, render
+from tests import pyslurm_fake
 from tests.pyslurm_fake import FakeJob, make_module
 
 
@@ -163,7 +164,7 @@ def test_a_job_starts_with_the_scrubbed_environment_never_the_autoscalers_own(
                  "BASH_FUNC_module%%": "() { :; }", "MY_VAR": "kept"}.items():
         monkeypatch.setenv(k, v)
     PyslurmSlurmClient(module=mod).submit(JobSpec("ray-c", ["true"]))
-    env = mod.state["submitted"][0]["environment"]
-    assert isinstance(env, dict)
+    env = mod.state["job_env"][0]  # pyslurm adds the process's SLURM_* to a dict: not here
     assert env["MY_VAR"] == "kept" and env["SLURM_CONF"] == "/etc/slurm/slurm.conf"
     assert not [k for k in env if k.startswith(("RAY_", "SBATCH_", "SLURM_CPUS", "BASH_FUNC"))]
+    assert pyslurm_fake.pyenviron is os.environ  # put back
