@@ -252,19 +252,27 @@ def test_a_group_created_while_a_listing_is_in_flight_keeps_its_size(tmp_path: P
     assert f.cancelled == []
 
 
-def test_a_group_whose_cancel_failed_shows_up_again_and_is_cancelled_next_time(
-        tmp_path: Path) -> None:
-    """A transient Slurm error in the scancel of a fully released group: the job (PENDING,
-    so no agent sees its stop file yet) must not hide behind its released members, or it
-    would outlive its cluster. Like a one-node job, it shows up again until cancelled."""
+def _cancel_failed(tmp_path: Path, running: bool) -> tuple[Any, FakeSlurm]:
+    """A group of 2 terminated whole in one call whose scancel fails: listed whole again."""
     p, f = make(tmp_path, fake())
     p.create_node(GANG, TAGS, 2)
+    if running:
+        f.start("1000", "n[1-2]")
     p.non_terminated_nodes({})
     f.set_outage(True)
     with pytest.raises(SlurmError):
         p.terminate_nodes(["1000.0", "1000.1"])
     f.set_outage(False)
     assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]
+    return p, f
+
+
+def test_a_group_whose_cancel_failed_shows_up_again_and_is_cancelled_next_time(
+        tmp_path: Path) -> None:
+    """A transient Slurm error in the scancel of a fully released group: the job (PENDING,
+    so no agent sees its stop file yet) must not hide behind its released members, or it
+    would outlive its cluster. Like a one-node job, it shows up again until cancelled."""
+    p, f = _cancel_failed(tmp_path, running=False)
     p.terminate_nodes(["1000.0", "1000.1"])
     assert f.cancelled == [["1000"]]
     assert p.non_terminated_nodes({}) == []
@@ -340,15 +348,7 @@ def test_a_group_whose_cancel_failed_is_listed_whole_on_a_steady_tick(
 def test_a_group_listed_again_that_ends_on_its_own_is_no_crash(tmp_path: Path) -> None:
     """After a failed scancel the released members show again; their agents obey the stop
     files and the job completes: not a type whose jobs die before Ray."""
-    p, f = make(tmp_path, fake())
-    p.create_node(GANG, TAGS, 2)
-    f.start("1000", "n[1-2]")
-    p.non_terminated_nodes({})
-    f.set_outage(True)
-    with pytest.raises(SlurmError):
-        p.terminate_nodes(["1000.0", "1000.1"])
-    f.set_outage(False)
-    assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]
+    p, f = _cancel_failed(tmp_path, running=True)
     f.finish("1000", "COMPLETED")
     assert p.non_terminated_nodes({}) == []
     assert not (p.cluster_dir.root / "errors.json").exists()
