@@ -2,7 +2,8 @@
 (`--signal=TERM@<s>`, jobs.py) reaches every node's agent, and srun lets them drain.
 
 The agents are stand-ins (a bash trap); the step is the one jobs.gang_step renders. A
-`B:TERM@` would reach only the batch shell; with srun under it, the tasks would never hear it.
+`B:TERM@` (what one-node jobs use) would reach only the batch shell, which is srun here: it
+ends the step at once, and no agent hears a TERM (the second test).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def _events(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
-        sandbox: Sandbox, tmp_path: Path) -> None:
+def _gang_job(tmp_path: Path, signal: str) -> tuple[CliSlurmClient, str, str]:
+    """Submit a 2-node gang job with a stand-in agent per node; (client, name, job id)."""
     client = CliSlurmClient(timeout=60)
     name = f"rsp-it-{uuid.uuid4().hex[:10]}"
     out = shlex.quote(str(tmp_path / "events"))
@@ -41,8 +42,13 @@ def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
              f"echo up $SLURM_NODEID >> {out}; while :; do sleep 1; done"]
     setup = [f"echo setup $SLURMD_NODENAME >> {out}"]
     spec = JobSpec(name, gang_step(2, 1, setup, agent), nodes=2, ntasks=2, cpus_per_task=1,
-                   mem="100", time="2", signal="TERM@60", output=str(tmp_path / "log"))
-    job_id = client.submit(spec)
+                   mem="100", time="2", signal=signal, output=str(tmp_path / "log"))
+    return client, name, client.submit(spec)
+
+
+def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    client, name, job_id = _gang_job(tmp_path, "TERM@60")
     try:
         jobs = wait_for(client, name, lambda js: bool(js) and all(j.running for j in js),
                         timeout=90)
@@ -64,3 +70,21 @@ def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
     assert len(events) == 8, (events, log)
     assert took < 120, f"the TERM came {took:.0f}s after the start of a 2-minute job"
     assert not any(j.active for j in left), (left, log)
+
+
+def test_a_batch_only_signal_would_kill_the_agents_without_a_drain(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    """Why gang jobs do not use `B:TERM@` (one-node jobs do): srun, the batch step's main
+    process, ends its step at once on a TERM of its own; no agent hears a TERM."""
+    client, name, job_id = _gang_job(tmp_path, "B:TERM@60")
+    try:
+        # Listed from its submission on; it leaves the queue when srun has ended it.
+        left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=180)
+    finally:
+        client.cancel([job_id])
+    events = _events(tmp_path / "events")
+    log = (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
+    assert not any(j.active for j in left), (left, log)
+    assert sorted(e for e in events if not e.startswith("setup")) == ["up 0", "up 1"], (
+        events, log)
+    assert "forcing job termination" in log, log
