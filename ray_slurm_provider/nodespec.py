@@ -5,6 +5,7 @@ the job script), and which node id the job is: its job id, or for a gang job of 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +30,11 @@ def node_id(env: dict[str, str], group_size: int = 1) -> str:
 def member_ids(job_id: str, n: int) -> list[str]:
     """The node ids of a gang job's N members."""
     return [f"{job_id}.{k}" for k in range(n)]
+
+
+def released_whole(job_id: str, n: int, released: Callable[[str], bool]) -> bool:
+    """Whether every member of gang job `job_id` (N = n >= 2) is `released`."""
+    return n > 1 and all(released(m) for m in member_ids(job_id, n))
 
 
 def split(node_id: str) -> tuple[str, int | None]:

@@ -28,8 +28,8 @@ import math
 import threading
 from collections.abc import Callable, Iterable
 
-from ray_slurm_provider.jobs import GROUP_TAG, decode_tags
-from ray_slurm_provider.nodespec import member_ids, split
+from ray_slurm_provider.jobs import group_size
+from ray_slurm_provider.nodespec import member_ids, released_whole, split
 from ray_slurm_provider.provider.snapshot import NodeRecord
 from ray_slurm_provider.slurm.client import SlurmClient
 from ray_slurm_provider.slurm.parse import expand_hostlist
@@ -103,7 +103,7 @@ class GangHooks:
             return self._sizes[job_id]
         for node_id, rec in list(self._nodes.items()):
             if split(node_id)[0] == job_id:
-                return int((decode_tags(rec.job.comment) or {}).get(GROUP_TAG, "0"))
+                return group_size(rec.job.comment, default=0)
         return 0
 
     def node_ids(self, job_id: str, n: int) -> list[str]:
@@ -152,8 +152,8 @@ class GangHooks:
         were released); forget what it knew of gang jobs that are no longer `listed`."""
         for m in self._released & nodes.keys():
             job = split(m)[0]  # a job released whole but not cancelled shows: cancel again
-            if job in self._gone or not all(self.released(i) for i in member_ids(
-                    job, int((decode_tags(nodes[m].job.comment) or {}).get(GROUP_TAG, "1")))):
+            n = group_size(nodes[m].job.comment)
+            if job in self._gone or not released_whole(job, n, self.released):
                 del nodes[m]
         self._released = {m for m in self._released if split(m)[0] in listed}
         # A job created while this listing was in flight is not in it yet (`_born`).

@@ -30,7 +30,7 @@ from ray.autoscaler.tags import (
 )
 
 from ray_slurm_provider.jobs import GROUP_TAG, decode_tags
-from ray_slurm_provider.nodespec import member_ids, split
+from ray_slurm_provider.nodespec import member_ids, released_whole, split
 from ray_slurm_provider.slurm.client import Job
 
 
@@ -92,7 +92,7 @@ def take(jobs: Iterable[Job], prev: Mapping[str, NodeRecord], *, gone: Container
         size = int(created.pop(GROUP_TAG, "1"))
         ids = member_ids(job.job_id, size) if size > 1 else [job.job_id]
         # Released members leave; a job released whole but still listed was not cancelled.
-        whole = size > 1 and all(released(i) for i in ids)
+        whole = released_whole(job.job_id, size, released)
         for node_id in ids:
             rec = prev.get(node_id) if size > 1 else None
             if size > 1 and not whole and released(node_id):
