@@ -2,7 +2,9 @@
 
 Nothing of the package is imported: the rules hold for the files as they are written.
 
-1. No module over MAX_LINES lines.
+1. No module over MAX_LINES lines. Modules are split by responsibility, never to meet a count;
+   a module of one responsibility may run to 500 lines (issue 25, item 9: the 300-line budget
+   is withdrawn). The limit only catches a module that has grown several jobs.
 2. At most MAX_TOP_MODULES modules at the top of the package (`ray_slurm_provider/*.py` but
    `__init__.py`; packages do not count).
 3. No import cycle between the package's modules.
@@ -32,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = "ray_slurm_provider"
 PKG_DIR = ROOT / PKG
 README = ROOT / "README.md"
-MAX_LINES = 300
-MAX_TOP_MODULES = 12
+MAX_LINES = 500
+MAX_TOP_MODULES = 14
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def test_no_module_over_the_line_limit() -> None:
     over = {rel(p): n for p in modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not over, (
-        f"modules over {MAX_LINES} lines (split them along what they do): "
+        f"modules over {MAX_LINES} lines (split them by responsibility): "
         + ", ".join(f"{p} ({n})" for p, n in sorted(over.items(), key=lambda x: -x[1])))
 
 
