@@ -79,7 +79,7 @@ class ProviderConfig:
         "How the provider talks to Slurm: `cli` runs sbatch/squeue/scancel/scontrol; `rest` "
         "calls slurmrestd with a JWT (see `rest`), so a head without Slurm client tools can "
         "still scale; `pyslurm` uses the optional pyslurm bindings, which must match the "
-        "cluster's Slurm release exactly (`pip install ray-slurm-provider[pyslurm]`).",
+        "cluster's Slurm release exactly (this package's `pyslurm` extra).",
         "cli")
     rest: RestConfig = doc(
         "slurmrestd settings for `slurm_api: rest`.", default_factory=RestConfig
@@ -217,7 +217,8 @@ class NodeConfig:
         "Time limit (`--time`, e.g. `4:00:00`, `2-00:00:00`); default: the partition's.", None
     )
     drain_before_limit_s: int = doc(
-        "Seconds before the time limit at which Slurm sends SIGTERM (`--signal=B:TERM@<s>`): "
+        "Seconds before the time limit at which Slurm sends SIGTERM (`--signal=B:TERM@<s>`; "
+        "a gang job: `TERM@<s>`, to every node's agent): "
         "Ray drains and the node leaves, so the autoscaler replaces it while demand remains. "
         "`0` turns it off. Slurm may signal up to a minute early.",
         60)

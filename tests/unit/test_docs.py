@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,46 @@ def test_type_names() -> None:
     assert docs.type_name(Literal["a", "b"]) == "one of `a`, `b`"
     assert docs.type_name(dict[str, str]) == "mapping of string to string"
     assert docs.type_name(list[str]) == "list of strings"
+
+
+# --- what the hand-written docs say (issue 26, item 20) ----------------------------------------
+
+ROOT = REFERENCE.parents[1]
+
+
+def _docs() -> dict[str, str]:
+    """The README and every page of docs/, by path; the reference as the model renders it."""
+    pages = {"README.md": (ROOT / "README.md").read_text()}
+    pages |= {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
+    pages["docs/config-reference.md (rendered)"] = docs.reference()
+    return pages
+
+
+def test_no_doc_installs_from_pypi() -> None:
+    """The package is not on PyPI: every install is from a clone."""
+    wrong = [p for p, text in _docs().items() if "pip install ray-slurm-provider" in text]
+    assert not wrong, f"`pip install ray-slurm-provider` (not on PyPI) in: {wrong}"
+
+
+def test_the_slurm_releases_named_are_the_tested_ones() -> None:
+    """Nothing tests Slurm 21.08; the README names the three releases its CI runs."""
+    assert not [p for p, text in _docs().items() if "21.08" in text]
+    readme = _docs()["README.md"]
+    assert all(release in readme for release in ("22.05", "24.11", "26.05"))
+
+
+def test_no_doc_points_at_an_issue_by_a_bare_word() -> None:
+    """"see issue: containers" pointed nowhere: a reference is a link or an issue number."""
+    wrong = {p: m.group(0) for p, text in _docs().items()
+             if (m := re.search(r"\bissue: [A-Za-z]", text))}
+    assert not wrong, wrong
+
+
+def test_a_doc_naming_the_batch_signal_names_the_gangs_too() -> None:
+    """A gang job gets `--signal=TERM@<s>`, not `B:TERM@` (jobs.py; the scripts are tested in
+    test_walltime_headwatch.py and test_gang_agent.py): a page that names the one names the
+    other."""
+    wrong = [p for p, text in _docs().items()
+             if "B:TERM@" in text and not re.search(r"(?<!B:)TERM@", text)]
+    assert not wrong, f"{wrong} say B:TERM@ without the gang job's TERM@"
+
