@@ -9,7 +9,8 @@ Nothing of the package is imported: the rules hold for the files as they are wri
    `__init__.py`; packages do not count).
 3. No import cycle between the package's modules.
 4. No import upward between the rooms of ROOMS (lowest first), nor from an unknown module.
-5. The README's "Layout" section names only paths that exist, and every package.
+5. docs/layout.md (its "Layout" section) names only paths that exist, and every package; the
+   README's "Layout" section points there.
 
 What counts as an import (rules 3 and 4): every `import`/`from ... import` of the package
 anywhere in a module (top level, inside functions, under `if TYPE_CHECKING:`), relative ones
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = "ray_slurm_provider"
 PKG_DIR = ROOT / PKG
 README = ROOT / "README.md"
+LAYOUT = ROOT / "docs" / "layout.md"
 MAX_LINES = 500
 MAX_TOP_MODULES = 14
 
@@ -245,7 +247,7 @@ def test_no_unknown_top_level_modules() -> None:
     unknown = sorted({rel(p) for m, p in modules().items() if room_of(m) is None})
     assert not unknown, (
         f"modules in no room of tests/unit/test_architecture.py: {', '.join(unknown)} "
-        f"(give them a room in TOP_ROOM, and a line in the README's Layout)")
+        f"(give them a room in TOP_ROOM, and a line in docs/layout.md)")
 
 
 def layer_problems(imports: Iterable[Import]) -> list[str]:
@@ -327,7 +329,7 @@ def f():
     assert f"{PKG}.sandbox.cli" in edges[f"{PKG}.cli.main"]
 
 
-# --- 5: the README's Layout -------------------------------------------------------------------
+# --- 5: the Layout page -----------------------------------------------------------------------
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)*/?")
@@ -338,7 +340,7 @@ _NEW_BLOCK = re.compile(r"^\s*(?:\||[-*+]\s|\d+[.)]\s|#)|^\s*$")
 
 
 def layout_section(text: str) -> str | None:
-    """The body of the README's "Layout" heading (any level), up to the next heading of the
+    """The body of a page's "Layout" heading (any level), up to the next heading of the
     same or a higher level."""
     lines = text.splitlines()
     for k, line in enumerate(lines):
@@ -417,13 +419,19 @@ def test_layout_reader_finds_paths_beside_their_room() -> None:
     assert missing == ["no_such.py", f"{PKG}.nope", "client.py"]
 
 
-def test_readme_layout_names_every_package() -> None:
-    section = layout_section(README.read_text())
-    assert section is not None, "README.md has no \"Layout\" heading (issue 12, item 7)"
+def test_layout_page_names_every_package() -> None:
+    section = layout_section(LAYOUT.read_text())
+    assert section is not None, "docs/layout.md has no \"Layout\" heading (issue 12, item 7)"
     found, missing = layout_paths(section)
     packages = sorted(p.parent for p in PKG_DIR.rglob("__init__.py") if p.parent != PKG_DIR)
     unnamed = [rel(p) + "/" for p in packages if p.resolve() not in found]
     assert not missing and not unnamed, (
-        "the README's Layout section is out of date:"
+        "docs/layout.md is out of date:"
         + (f"\n  names what does not exist: {', '.join(missing)}" if missing else "")
         + (f"\n  does not name the packages: {', '.join(unnamed)}" if unnamed else ""))
+
+
+def test_the_readme_layout_points_at_the_layout_page() -> None:
+    section = layout_section(README.read_text())
+    assert section is not None and "(docs/layout.md)" in section, (
+        "the README needs a short \"Layout\" section that links docs/layout.md")
