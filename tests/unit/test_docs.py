@@ -96,3 +96,53 @@ def test_a_doc_naming_the_batch_signal_names_the_gangs_too() -> None:
              if "B:TERM@" in text and not re.search(r"(?<!B:)TERM@", text)]
     assert not wrong, f"{wrong} say B:TERM@ without the gang job's TERM@"
 
+
+
+# --- links ----------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub makes of a page's headings: lower case, punctuation but `-` and `_`
+    dropped, spaces to `-`, a repeated one numbered."""
+    out: set[str] = set()
+    for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*\s*$", _FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n, base = 0, slug
+        while slug in out:
+            n += 1
+            slug = f"{base}-{n}"
+        out.add(slug)
+    return out
+
+
+def links(text: str) -> list[str]:
+    """The relative links of a page (not web addresses), outside code blocks."""
+    return [t for t in _LINK.findall(_FENCE.sub("", text))
+            if not re.match(r"[a-z]+:", t)]
+
+
+def test_anchors_are_githubs() -> None:
+    assert anchors("# A b\n## `provider.rest`\n### Gang node types: one job of N\n# A b\n") == {
+        "a-b", "providerrest", "gang-node-types-one-job-of-n", "a-b-1"}
+    assert links("[a](x.md#y) [b](https://e.org) `x`\n```\n[c](nope.md)\n```\n") == ["x.md#y"]
+
+
+def test_every_relative_link_resolves() -> None:
+    """Every relative link of the README, docs/ and the other Markdown pages names a file that
+    exists, and its #anchor a heading of that page."""
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted(ROOT.glob("*/README.md")), *sorted(ROOT.glob("bench/*.md")),
+             *sorted(ROOT.glob("cluster-configs/*/README.md"))]
+    broken = []
+    for page in pages:
+        for link in links(page.read_text()):
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in anchors(target.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading)")
+    assert not broken, "\n".join(broken)
