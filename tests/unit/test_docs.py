@@ -146,3 +146,16 @@ def test_every_relative_link_resolves() -> None:
             elif anchor and target.suffix == ".md" and anchor not in anchors(target.read_text()):
                 broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def test_benchmarks_start_with_the_current_results() -> None:
+    """BENCHMARKS.md opens with one table of current results, a row for every benchmark it has a
+    section for, and links the older rounds."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    headings = re.findall(r"^## (.*)$", _FENCE.sub("", text), re.M)
+    assert headings[0] == "Current results"
+    table = text.split("## Current results", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| (P\d+b?|M\d+) \|", table, re.M))
+    sections = {m for h in headings for m in re.findall(r"\b(P\d+b?|M\d+)\b", h.split(":")[0])}
+    assert sections and sections <= rows, f"no current-results row for {sections - rows}"
+    assert "(bench/HISTORY.md)" in text
