@@ -159,3 +159,22 @@ def test_benchmarks_start_with_the_current_results() -> None:
     sections = {m for h in headings for m in re.findall(r"\b(P\d+b?|M\d+)\b", h.split(":")[0])}
     assert sections and sections <= rows, f"no current-results row for {sections - rows}"
     assert "(bench/HISTORY.md)" in text
+
+
+# --- the README ---------------------------------------------------------------------------------
+
+TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install -e '.[dev,megatron-cpu]' && "
+                "bash scripts/test.sh")
+
+
+def test_the_readme_stays_a_newcomers_page() -> None:
+    """At most 350 lines (issue 25, item 8): the two commands, verbatim (.ci/run runs the
+    second), Tested with, and a link to each page of docs/."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 350, "move a section to docs/ and link it"
+    assert "\nbash scripts/demo.sh\n" in text and f"\n{TEST_COMMAND}\n" in text
+    assert "exec bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^#+ Tested with$", text, re.M)
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md"))
+                if f"(docs/{p.name})" not in text]
+    assert not unlinked, f"the README does not link {unlinked}"
