@@ -11,10 +11,11 @@ the JSON Schema. The whole cluster YAML is parsed once, into cluster.ClusterConf
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict
+from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
 from ray_slurm_provider.schema import (
     Bool,
@@ -33,11 +34,28 @@ __all__ = ["ConfigError", "load", "parse_node_config", "parse_provider"]  # re-e
 
 #: Unknown keys are refused (schema.load names them first, with a did-you-mean).
 _MODEL = ConfigDict(extra="forbid")
+#: Value ranges live on the types, so the JSON Schema carries them too.
+NonNegative = Annotated[Int, Field(ge=0)]
+Positive = Annotated[Int, Field(ge=1)]
+Fraction = Annotated[Num, Field(gt=0.0, lt=1.0)]
+Port = Annotated[Int, Field(ge=1024, le=65525)]
+Url = Annotated[Str, Field(pattern=r"^https?://")]
+
+
+def _one_or_more(n: int) -> int:
+    if n < 1:
+        raise PydanticCustomError("nodes", "{n} is less than 1; valid: 1 (one node per job) or "
+                                  "more (a gang of that many nodes)", {"n": n})
+    return n
+
+
+#: `nodes`: its own message (a gang type is the usual reason to touch it).
+Nodes = Annotated[Int, AfterValidator(_one_or_more), Field(json_schema_extra={"minimum": 1})]
 
 
 @dataclass(frozen=True, config=_MODEL)
 class PortsConfig:
-    base: Int | None = doc(
+    base: Port | None = doc(
         "First port of this cluster's block of 10 on the head node (GCS = base, dashboard = "
         "base+1, Ray client = base+2, autoscaler metrics = base+3, dashboard metrics = base+4). "
         "Default: derived from the user and cluster name in 24000-31990, so two clusters on "
@@ -57,7 +75,7 @@ class AuthConfig:
 class RestConfig:
     """`provider.rest`: how the `rest` transport reaches slurmrestd."""
 
-    url: Str | None = doc(
+    url: Url | None = doc(
         "Base URL of slurmrestd, e.g. `http://slurm-rest.example.org:6820` (the API version "
         "is negotiated from the server). Default: the `RAY_SLURM_REST_URL` environment "
         "variable.",
@@ -89,7 +107,7 @@ class RestConfig:
 class ProviderConfig:
     """The `provider:` section."""
 
-    type: Str = doc("Must be `external` (Ray's key).", "external")
+    type: Literal["external"] = doc("Must be `external` (Ray's key).", "external")
     module: Str = doc(
         "Must be `ray_slurm_provider.provider.SlurmNodeProvider` (Ray's key).",
         "ray_slurm_provider.provider.SlurmNodeProvider")
@@ -120,26 +138,26 @@ class ProviderConfig:
         "Take each node's Ray IP from this network interface (multi-NIC nodes) instead of "
         "Slurm's NodeAddr.",
         None)
-    drain_timeout_s: Int = doc(
+    drain_timeout_s: NonNegative = doc(
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S for every node: how long Ray drains on SIGTERM. "
         "Keep it below Slurm's KillWait.",
         5)
-    ray_logs_max_mb: Int = doc(
+    ray_logs_max_mb: NonNegative = doc(
         "When a node's job ends, its Ray session logs are copied from the node-local temp dir "
         "to `<state_dir>/<cluster>/ray-logs/<job id>/` (`ray-slurm logs CONFIG JOB --ray`), "
         "at most this many MB per node (small files first, big ones keep their end). 0: off.",
         100)
-    ray_start_attempts: Int = doc(
+    ray_start_attempts: Positive = doc(
         "How many times a worker retries a failed `ray start` before its job ends.", 3
     )
-    head_wait_s: Int = doc(
+    head_wait_s: NonNegative = doc(
         "How long `ray up` waits for a queued head job to start, saying why it waits; then it "
         "cancels the job, so it never starts later to hold an allocation nobody uses.", 3600)
-    head_start_timeout_s: Int = doc(
+    head_start_timeout_s: NonNegative = doc(
         "How long a running head job waits for `ray up` to hand it the start command before "
         "it gives up and ends.",
         1800)
-    object_store_fraction: Num = doc(
+    object_store_fraction: Fraction = doc(
         "Object store size as a fraction of the node's memory, when `object_store_memory` is "
         "not set for the node type.",
         0.3)
@@ -240,7 +258,7 @@ class NodeConfig:
         "Ray drains and the node leaves, so the autoscaler replaces it while demand remains. "
         "`0` turns it off. Slurm may signal up to a minute early.",
         60)
-    nodes: Int = doc(
+    nodes: Nodes = doc(
         "Slurm nodes per job (`--nodes`). 2 or more makes a gang type: one job of N nodes is "
         "N Ray nodes (ids `<job>.<k>`), started only once Slurm has all N, ended as one; "
         "`cpus`, `gpus` and `mem` are per node; the type's `min_workers`/`max_workers` count "
@@ -278,37 +296,11 @@ class NodeConfig:
         default_factory=list)
 
 
-def check_provider(cfg: ProviderConfig, path: str = "provider") -> None:
-    """Value checks beyond types."""
-    if cfg.type != "external":
-        raise ConfigError(f"{path}.type: must be 'external', got {cfg.type!r}")
-    if cfg.drain_timeout_s < 0:
-        raise ConfigError(f"{path}.drain_timeout_s: must be >= 0, got {cfg.drain_timeout_s}")
-    if cfg.ray_logs_max_mb < 0:
-        raise ConfigError(f"{path}.ray_logs_max_mb: must be >= 0 (0: off)")
-    if cfg.ray_start_attempts < 1:
-        raise ConfigError(f"{path}.ray_start_attempts: must be >= 1")
-    if not 0.0 < cfg.object_store_fraction < 1.0:
-        raise ConfigError(f"{path}.object_store_fraction: must be between 0 and 1")
-    if cfg.ports.base is not None and not 1024 <= cfg.ports.base <= 65525:
-        raise ConfigError(f"{path}.ports.base: must be in 1024-65525, got {cfg.ports.base}")
-    if cfg.rest.url is not None and not cfg.rest.url.startswith(("http://", "https://")):
-        raise ConfigError(f"{path}.rest.url: must start with http:// or https://, "
-                          f"got {cfg.rest.url!r}")
-
-
 def parse_provider(data: Mapping[str, Any]) -> ProviderConfig:
     """The `provider:` section, type- and value-checked."""
-    cfg = load(ProviderConfig, data, "provider")
-    check_provider(cfg)
-    return cfg
+    return load(ProviderConfig, data, "provider")
 
 
 def parse_node_config(data: Mapping[str, Any] | None, node_type: str) -> NodeConfig:
     """One node type's `node_config`, type- and value-checked."""
-    path = f"available_node_types.{node_type}.node_config"
-    cfg = load(NodeConfig, data or {}, path)
-    if cfg.nodes < 1:
-        raise ConfigError(f"{path}.nodes: {cfg.nodes} is less than 1; valid: 1 (one node per "
-                          "job) or more (a gang of that many nodes)")
-    return cfg
+    return load(NodeConfig, data or {}, f"available_node_types.{node_type}.node_config")

@@ -39,9 +39,12 @@ class ConfigError(ValueError):
         self.value = value
 
 
-def with_source(err: ConfigError, text: str, file: str) -> ConfigError:
+def with_source(err: ConfigError, text: str, file: str, *,
+                only_surprises: bool = False) -> ConfigError:
     """`err` naming what the user wrote, when a line of the YAML `text` gives the bad key that
-    value (`time: 4:00:00` for 14400): the parsed number alone would puzzle them."""
+    value (`time: 4:00:00` for 14400): the parsed number alone would puzzle them.
+    `only_surprises`: only when the text reads otherwise than the value (YAML 1.1's base 60,
+    octal); else `err` itself."""
     if not err.key or err.value is None or isinstance(err.value, (Mapping, list)):
         return err
     name = err.key.rsplit(".", 1)[-1]
@@ -54,6 +57,8 @@ def with_source(err: ConfigError, text: str, file: str) -> ConfigError:
             except yaml.YAMLError:
                 continue
             if value == err.value and type(value) is type(err.value):
+                if only_surprises and raw == str(value):
+                    return err
                 return ConfigError(f"{err} ({file} line {n}: `{name}: {raw}`)", key=err.key,
                                    value=err.value)
     return err
@@ -141,6 +146,10 @@ _EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "t
              "dataclass_type": "a mapping", "int_from_float": "an integer"}
 
 
+_BOUNDS = {"greater_than_equal": ">=", "less_than_equal": "<=", "greater_than": ">",
+           "less_than": "<"}
+
+
 def _message(err: Any) -> str:
     kind, value = err["type"], err.get("input")
     if kind == "literal_error":
@@ -148,6 +157,11 @@ def _message(err: Any) -> str:
         return f"{value!r} is not one of {choices}"
     if kind in _EXPECTED:
         return f"expected {_EXPECTED[kind]}, got {value!r}"
+    ctx = err.get("ctx") or {}
+    if kind in _BOUNDS:
+        return f"must be {_BOUNDS[kind]} {next(iter(ctx.values()))}, got {value!r}"
+    if kind == "string_pattern_mismatch":
+        return f"{value!r} does not match {ctx['pattern']}"
     return str(err["msg"])
 
 

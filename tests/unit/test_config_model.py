@@ -129,3 +129,26 @@ def test_defaults_files_go_through_the_same_model(tmp_path: Path) -> None:
     path.write_text("provider:\n  ray_logs_max_mb: 1.5\n")
     with pytest.raises(ConfigError, match=r"provider\.ray_logs_max_mb: expected an integer"):
         defaults.apply({"cluster_name": "c"}, [str(path)])
+
+
+def test_the_cli_names_the_line_of_an_unquoted_time(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """validate, render, run and sbatch all read the file through load_cluster."""
+    from ray_slurm_provider.cli.common import CliError, load_cluster
+    from ray_slurm_provider.cli.main import main
+
+    monkeypatch.setenv(defaults.ENV, "")
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster_name: c\nhead_node_type: h\nprovider: {type: external, module: x}\n"
+                    "available_node_types:\n  h:\n    resources: {CPU: 1}\n    node_config:\n"
+                    "      time: 4:00:00\n")
+    with pytest.raises(CliError, match=rf"node_config\.time: got the number 14400; {HINT} "
+                                       rf"\({path} line 8: `time: 4:00:00`\)"):
+        load_cluster(str(path))
+    for command in ("validate", "render", "run", "sbatch"):
+        extra = ["--", "true"] if command in ("run", "sbatch") else []
+        assert main([command, str(path), *extra]) == 2
+        assert "line 8: `time: 4:00:00`" in capsys.readouterr().err
+    path.write_text(path.read_text().replace("4:00:00", "'4:00:00'"))
+    assert load_cluster(str(path)).parsed.node_type("h").node_config.time == "4:00:00"
