@@ -30,7 +30,8 @@ Generated from the config model (`ray_slurm_provider/config.py`) by
 `python -m ray_slurm_provider.cli.docs`; do not edit by hand. Two sections of a Ray cluster YAML
 belong to this provider: `provider:` and each `available_node_types.<name>.node_config`.
 Unknown keys are refused with the key's path and the valid keys; `ray-slurm validate CONFIG`
-checks a config against this model and the live cluster.
+checks a config against this model and the live cluster; `ray-slurm schema` prints the same
+model, within Ray's own cluster schema, as JSON Schema for editors.
 """
 
 SECTIONS: tuple[tuple[str, type[Any], str], ...] = (
