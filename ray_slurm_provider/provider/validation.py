@@ -165,6 +165,13 @@ def check_start_commands(raw: Mapping[str, Any]) -> None:
 
 
 
+def check_head_type(cluster: ClusterConfig) -> None:
+    """`head_node_type` names one of the node types."""
+    if cluster.head_type not in cluster.node_types:
+        raise ConfigError(f"head_node_type: {cluster.head_type!r} is not one of "
+                          f"available_node_types ({', '.join(cluster.node_types)})")
+
+
 # --- stage 2: Ray's own schema ----------------------------------------------------------------
 
 def ray_schema() -> dict[str, Any]:
@@ -294,7 +301,7 @@ def _model(config: Mapping[str, Any]) -> tuple[ClusterConfig | None, list[Findin
     found += _try("scaling", check_scaling, config)
     found += _try("start commands", check_start_commands, config)
     if cluster is not None:
-        found += _try("head type", check_head_type, config, cluster)
+        found += _try("head type", check_head_type, cluster)
         found += _try("gangs", check_gangs, config, cluster.node_types)
     if not _errors(found):
         found += _try("ray schema", check_ray_schema, config)
@@ -310,13 +317,6 @@ def node_type_live(cluster: ClusterConfig, info: ClusterInfo, t: str) -> list[Fi
         return [finding(w, "limits", "warning") for w in check_live(cluster, info, only=[t])]
     except ConfigError as e:
         return [finding(e, "limits")]
-
-
-def check_head_type(config: Mapping[str, Any], cluster: ClusterConfig) -> None:
-    """`head_node_type` names one of the node types."""
-    if cluster.head_type not in cluster.node_types:
-        raise ConfigError(f"head_node_type: {cluster.head_type!r} is not one of "
-                          f"available_node_types ({', '.join(cluster.node_types)})")
 
 
 def check_accounts(cluster: ClusterConfig, associations: Lazy) -> list[Finding]:
@@ -339,8 +339,6 @@ def check_accounts(cluster: ClusterConfig, associations: Lazy) -> list[Finding]:
         if problem is not None:
             out.append(finding(problem, "accounting"))
     return out
-
-
 
 
 def run(config: Mapping[str, Any] | None, cluster: ClusterConfig | None = None, *,
@@ -374,8 +372,9 @@ def run(config: Mapping[str, Any] | None, cluster: ClusterConfig | None = None, 
         found += check_accounts(cluster, associations)
     warning = v1_colocation_warning(cluster, env) if env is not None else None
     if warning:
-        key = next(k for k in warning.replace(",", " ").split() if k.endswith(".exclusive"))
-        found.append(Finding("warning", key, warning, "autoscaler v1"))
+        first = next(t for t, nt in cluster.node_types.items() if not nt.node_config.exclusive)
+        found.append(Finding("warning", f"available_node_types.{first}.node_config.exclusive",
+                             warning, "autoscaler v1"))
     return cluster, found
 
 
