@@ -58,9 +58,10 @@ class Cluster:
         return self._client
 
 
-def load_cluster(path: str) -> Cluster:
-    """Read and minimally check a cluster YAML (the provider section is parsed; a value YAML
-    read otherwise than written is refused with its line)."""
+def load_cluster(path: str, *, starts: bool = False) -> Cluster:
+    """Read and minimally check a cluster YAML (the provider section is parsed). `starts`: for
+    the commands that check or start a cluster, a value YAML read otherwise than written is
+    refused with its line; status and logs still read a cluster started with one."""
     try:
         text = Path(path).read_text()
         config = yaml.safe_load(text)
@@ -75,7 +76,8 @@ def load_cluster(path: str) -> Cluster:
     except ConfigError as e:
         raise CliError(str(e)) from e  # names the defaults file
     try:
-        parse_cluster(config)
+        if starts:
+            parse_cluster(config)
     except ConfigError as e:
         # What YAML 1.1 read otherwise than written (`time: 4:00:00` is 14400) is named with
         # its line here, where the text is at hand; the rest is each command's to report.

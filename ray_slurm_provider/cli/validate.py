@@ -106,13 +106,13 @@ def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    return run_command(lambda: report(validate_findings(load_cluster(args.config),
+    return run_command(lambda: report(validate_findings(load_cluster(args.config, starts=True),
                                                         live=not args.offline)))
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     def body() -> int:
-        cluster = load_cluster(args.config)
+        cluster = load_cluster(args.config, starts=True)
         scripts = rendered_scripts(cluster)
         if args.node_type:
             scripts = [s for s in scripts if s[0] == args.node_type]

@@ -145,10 +145,12 @@ def test_the_cli_names_the_line_of_an_unquoted_time(tmp_path: Path,
                     "      time: 4:00:00\n")
     with pytest.raises(CliError, match=rf"node_config\.time: got the number 14400; {HINT} "
                                        rf"\({path} line 8: `time: 4:00:00`\)"):
-        load_cluster(str(path))
+        load_cluster(str(path), starts=True)
+    assert load_cluster(str(path)).name == "c"  # status and logs still read it
     for command in ("validate", "render", "run", "sbatch"):
         extra = ["--", "true"] if command in ("run", "sbatch") else []
         assert main([command, str(path), *extra]) == 2
         assert "line 8: `time: 4:00:00`" in capsys.readouterr().err
     path.write_text(path.read_text().replace("4:00:00", "'4:00:00'"))
-    assert load_cluster(str(path)).parsed.node_type("h").node_config.time == "4:00:00"
+    assert load_cluster(str(path), starts=True).parsed.node_type("h").node_config.time == (
+        "4:00:00")
