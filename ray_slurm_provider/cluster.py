@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ray_slurm_provider import shellcmd
 from ray_slurm_provider.config import NodeConfig, ProviderConfig, parse_node_config, parse_provider
 from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
 from ray_slurm_provider.schema import ConfigError
@@ -116,94 +115,11 @@ def _node_type(name: str, nt: Mapping[str, Any], commands: NodeCommands) -> Node
     )
 
 
-def _number(raw: Mapping[str, Any], key: str, path: str, *, integer: bool = False,
-            above_zero: bool = False) -> float | None:
-    """A Ray scaling key: the type and range Ray's own schema does not enforce."""
-    value = raw.get(key)
-    if value is None:
-        return None
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigError(f"{path}: expected {'an integer' if integer else 'a number'}, "
-                          f"got {value!r}")
-    if above_zero and value <= 0:
-        raise ConfigError(f"{path}: {value} is not above 0")
-    if value < 0:
-        raise ConfigError(f"{path}: {value} is negative; valid: 0 or more")
-    return float(value)
-
-
-def check_scaling(raw: Mapping[str, Any]) -> None:
-    """Ray's scaling keys: a negative `max_workers` passes Ray's own checks and the type then
-    silently never scales; `min_workers` above `max_workers` can never be met."""
-    _number(raw, "max_workers", "max_workers", integer=True)
-    _number(raw, "idle_timeout_minutes", "idle_timeout_minutes")
-    _number(raw, "upscaling_speed", "upscaling_speed", above_zero=True)
-    for t, nt in (raw.get("available_node_types") or {}).items():
-        if not isinstance(nt, Mapping):
-            continue
-        where = f"available_node_types.{t}"
-        low = _number(nt, "min_workers", f"{where}.min_workers", integer=True)
-        high = _number(nt, "max_workers", f"{where}.max_workers", integer=True)
-        if low is not None and high is not None and low > high:
-            raise ConfigError(f"{where}.min_workers: {int(low)} is more than its max_workers "
-                              f"{int(high)}; valid: 0 to {int(high)}")
-
-
-def check_gangs(raw: Mapping[str, Any], node_types: Mapping[str, NodeType]) -> None:
-    """A gang type (`nodes: N` >= 2) starts and ends whole groups: its scaling keys must be
-    multiples of N, or the autoscaler could ask for a part of a group; the head is one node."""
-    head = str(raw.get("head_node_type", ""))
-    for t, nt in node_types.items():
-        n, where = nt.node_config.nodes, f"available_node_types.{t}"
-        if n == 1:
-            continue
-        if t == head:
-            raise ConfigError(f"{where}.node_config.nodes: the head is one node; valid: 1")
-        raw_nt = (raw.get("available_node_types") or {}).get(t) or {}
-        if raw_nt.get("max_workers") is None:
-            raise ConfigError(f"{where}.max_workers: a gang type (nodes: {n}) needs its own "
-                              f"max_workers, a multiple of {n}")
-        for key in ("min_workers", "max_workers"):
-            value = int(raw_nt.get(key) or 0)
-            if value % n:
-                top = int(raw_nt["max_workers"])
-                valid = ", ".join(str(k) for k in range(0, max(top, value) + n, n)[:6])
-                raise ConfigError(
-                    f"{where}.{key}: {value} is not a multiple of {where}.node_config.nodes "
-                    f"{n} (a gang type starts whole groups of {n} nodes); valid: {valid}")
-        # Autoscaler v2 releases at most ceil(upscaling_speed * running) queued nodes of a
-        # type per tick (at least 1): below N it asks for part of a group, the group's other
-        # nodes arrive unasked, and the requests still queued then count as surplus against
-        # max_workers, for which v2 terminates nodes, a fresh member among them (seen live).
-        speed = raw.get("upscaling_speed")
-        if speed is None or float(speed) < n:
-            raise ConfigError(
-                f"upscaling_speed: {speed if speed is not None else 'not set'} is below "
-                f"{where}.node_config.nodes {n}: the autoscaler would ask for part of a gang "
-                f"group at a time and then terminate nodes of it as surplus; valid: {n} or "
-                "more")
-
-
-def check_start_commands(raw: Mapping[str, Any]) -> None:
-    """Nothing may follow `ray start` in its command: Ray runs it with --block here (it lives
-    as long as the job), so what follows would silently never run."""
-    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
-        for i, cmd in enumerate(_strs(raw.get(key))):
-            prog = shellcmd.parse(cmd)
-            after = prog.rest if prog.ray_start is not None else []
-            if after:
-                raise ConfigError(
-                    f"{key}[{i}]: {'; '.join(after)!r} follows `ray start`, which never "
-                    "returns here (the node agent runs it with --block for the job's life); "
-                    "put it before `ray start` or in the setup commands")
-
-
 def parse_cluster(raw: Mapping[str, Any]) -> ClusterConfig:
-    """The whole cluster YAML (after Ray's own defaults); ConfigError names the key path."""
+    """The whole cluster YAML (after Ray's own defaults) through the config model: names,
+    types, unknown keys; ConfigError names the key path. The checks across keys are
+    provider/validation.py's."""
     name = check_name(str(raw.get("cluster_name", "")), "cluster_name")
-    check_scaling(raw)
-    check_start_commands(raw)
     provider = parse_provider(raw.get("provider") or {})
     types = raw.get("available_node_types") or {}
     if not types:
@@ -217,7 +133,6 @@ def parse_cluster(raw: Mapping[str, Any]) -> ClusterConfig:
             _strs(nt.get("worker_setup_commands", raw.get("worker_setup_commands"))),
             start)
         node_types[str(t)] = _node_type(str(t), nt, commands)
-    check_gangs(raw, node_types)
     return ClusterConfig(name, provider, str(raw.get("head_node_type", "")), node_types)
 
 

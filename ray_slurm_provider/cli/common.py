@@ -15,6 +15,7 @@ from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
 from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.provider import defaults
+from ray_slurm_provider.schema import with_source
 from ray_slurm_provider.slurm.client import SlurmClient
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import ClusterDir
@@ -57,10 +58,13 @@ class Cluster:
         return self._client
 
 
-def load_cluster(path: str) -> Cluster:
-    """Read and minimally check a cluster YAML (the provider section is parsed)."""
+def load_cluster(path: str, *, starts: bool = False) -> Cluster:
+    """Read and minimally check a cluster YAML (the provider section is parsed). `starts`: for
+    the commands that check or start a cluster, a value YAML read otherwise than written is
+    refused with its line; status and logs still read a cluster started with one."""
     try:
-        config = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        config = yaml.safe_load(text)
     except OSError as e:
         raise CliError(f"cannot read {path}: {e.strerror or e}") from e
     except yaml.YAMLError as e:
@@ -71,6 +75,15 @@ def load_cluster(path: str) -> Cluster:
         supplied = defaults.apply(config)
     except ConfigError as e:
         raise CliError(str(e)) from e  # names the defaults file
+    try:
+        if starts:
+            parse_cluster(config)
+    except ConfigError as e:
+        # What YAML 1.1 read otherwise than written (`time: 4:00:00` is 14400) is named with
+        # its line here, where the text is at hand; the rest is each command's to report.
+        named = with_source(e, text, path, only_surprises=True)
+        if named is not e:
+            raise CliError(str(named)) from e
     try:
         pcfg = parse_provider(config.get("provider") or {})
     except ConfigError as e:

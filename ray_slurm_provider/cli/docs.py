@@ -4,8 +4,9 @@
     ray-slurm docs --output docs/config-reference.md
     ray-slurm docs --check docs/config-reference.md   # exit 1 when the file is stale
 
-Every key, type, default and description comes from the dataclasses in config.py (their
-`metadata["doc"]`); a unit test fails when the committed file differs from this output.
+Every key, type, default and description comes from the pydantic dataclasses in config.py
+(each field's `description`); a unit test fails when the committed file differs from this
+output.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import dataclasses
 import sys
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
+from ray_slurm_provider.schema import Duration, Text
 
 HEADER = """# Config reference
 
@@ -25,7 +30,8 @@ Generated from the config model (`ray_slurm_provider/config.py`) by
 `python -m ray_slurm_provider.cli.docs`; do not edit by hand. Two sections of a Ray cluster YAML
 belong to this provider: `provider:` and each `available_node_types.<name>.node_config`.
 Unknown keys are refused with the key's path and the valid keys; `ray-slurm validate CONFIG`
-checks a config against this model and the live cluster.
+checks a config against this model and the live cluster; `ray-slurm schema` prints the same
+model, within Ray's own cluster schema, as JSON Schema for editors.
 """
 
 SECTIONS: tuple[tuple[str, type[Any], str], ...] = (
@@ -36,7 +42,13 @@ SECTIONS: tuple[tuple[str, type[Any], str], ...] = (
 
 
 def type_name(tp: Any) -> str:
+    if tp == Duration:
+        return "string (quoted: a number is refused)"
+    if tp == Text:
+        return "string (or a whole number)"
     origin = get_origin(tp)
+    if origin is Annotated:
+        return type_name(get_args(tp)[0])
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
         inner = " or ".join(type_name(a) for a in args)
@@ -53,11 +65,11 @@ def type_name(tp: Any) -> str:
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
 
 
-def default_text(f: dataclasses.Field[Any]) -> str:
-    if f.default is not dataclasses.MISSING:
+def default_text(f: FieldInfo) -> str:
+    if f.default is not PydanticUndefined:
         value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
+    elif f.default_factory is not None:
+        value = f.default_factory()  # type: ignore[call-arg]
         if dataclasses.is_dataclass(value):
             return "see below"
     else:
@@ -77,17 +89,17 @@ def _cell(text: str) -> str:
 
 def section(path: str, cls: type[Any], intro: str) -> list[str]:
     """The markdown of one dataclass, then one section per nested dataclass."""
-    hints = get_type_hints(cls)
+    hints = get_type_hints(cls, include_extras=True)
     lines = [f"## `{path}`", "", intro, "", "| Key | Type | Default | Description |",
              "|---|---|---|---|"]
     nested: list[tuple[str, type[Any], str]] = []
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        doc = str(f.metadata.get("doc", ""))
-        lines.append(f"| `{f.name}` | {_cell(type_name(tp))} | {default_text(f)} | "
+    for name, f in cls.__pydantic_fields__.items():
+        tp = hints[name]
+        doc = f.description or ""
+        lines.append(f"| `{name}` | {_cell(type_name(tp))} | {default_text(f)} | "
                      f"{_cell(doc)} |")
         if dataclasses.is_dataclass(tp):
-            nested.append((f"{path}.{f.name}", tp, _cell(doc)))  # type: ignore[arg-type]
+            nested.append((f"{path}.{name}", tp, _cell(doc)))  # type: ignore[arg-type]
     out = [*lines, ""]
     for sub_path, sub_cls, sub_doc in nested:
         out += section(sub_path, sub_cls, sub_doc)

@@ -1,24 +1,32 @@
-"""`validate`'s per-node-type findings against the live cluster.
+"""`validate`'s report of the validation pipeline (provider/validation.py), per node type.
 
-The rules are `ray up`'s own (ray_slurm_provider.provider.checks.check_live: time limit within the
-partition's MaxTime, GPUs, GPU type, CPUs and memory within its nodes); they are applied one
-node type at a time, so `validate` reports every node type's problem, not just the first, and
-says which partition each type lands on.
+The rules are `ray up`'s own; `validate` shows every node type's problem, not just the first,
+says which partition each type lands on, and adds what passed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ray_slurm_provider.cli.common import Finding
 from ray_slurm_provider.cluster import ClusterConfig
-from ray_slurm_provider.config import ConfigError
-from ray_slurm_provider.provider.checks import check_live
-from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
-from ray_slurm_provider.slurm.sacct import Accounting, NoAccounting, check_account_qos
+from ray_slurm_provider.provider import validation
+from ray_slurm_provider.slurm.client import ClusterInfo
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.units import fmt_duration
 
+REFUSED = "`ray up` refuses this; use a value from the valid range named above"
 
-def node_type_findings(cluster: ClusterConfig, t: str, info: ClusterInfo) -> list[Finding]:
-    """What is wrong (or fine) with node type `t` on this cluster."""
+
+def shown(f: validation.Finding, fix: str) -> Finding:
+    """A pipeline finding as a report line."""
+    return Finding("fail" if f.level == "error" else "warn", f.key, f.message, fix)
+
+
+def node_type_findings(cluster: ClusterConfig, t: str, info: ClusterInfo,
+                       found: Sequence[validation.Finding] | None = None) -> list[Finding]:
+    """What is wrong (or fine) with node type `t` on this cluster; `found`: the pipeline's
+    live findings of `t` (default: its stage 4 run for `t` alone)."""
     nt = cluster.node_type(t)
     ncfg = nt.node_config
     where = f"available_node_types.{t}"
@@ -41,42 +49,31 @@ def node_type_findings(cluster: ClusterConfig, t: str, info: ClusterInfo) -> lis
     if not nt.has_resources:
         out.append(Finding("info", where, "no `resources`: `ray up` takes them from partition "
                            f"{part.name}'s smallest node"))
-    try:
-        warnings = check_live(cluster, info, only=[t])
-    except ConfigError as e:
-        key, _, message = str(e).partition(": ")
-        return [*out, Finding("fail", key, message, "`ray up` refuses this; use a value "
-                              "from the valid range named above")]
-    out += [Finding("warn", where, w, "set node_config.time") for w in warnings]
-    if not warnings:
+    if found is None:
+        found = validation.node_type_live(cluster, info, t)
+    errors = [f for f in found if f.level == "error"]
+    if errors:
+        return [*out, shown(errors[0], REFUSED)]
+    out += [Finding("warn", where, str(f), "set node_config.time") for f in found]
+    if not found:
         out.append(Finding("ok", where, "time limit, CPUs, memory and GPUs fit the partition"))
     return out
 
 
-def accounting_findings(cluster: ClusterConfig, acct: Accounting) -> list[Finding]:
-    """Each node type's `account` and `qos` against the user's associations (sacctmgr);
-    one warning, in Slurm's words, when the cluster keeps no accounting."""
-    wanted = {t: nt.node_config for t, nt in cluster.node_types.items()
-              if nt.node_config.account is not None or nt.node_config.qos is not None}
-    if not wanted:
-        return []
-    try:
-        assocs = acct.associations()
-    except NoAccounting as e:
-        return [Finding("warn", "accounting", f"account and qos not checked: {e.slurm_message}",
-                        "Slurm checks them when the job is submitted")]
-    except SlurmError as e:
-        return [Finding("warn", "accounting", f"account and qos not checked: {e}",
-                        "Slurm checks them when the job is submitted")]
+def accounting_findings(cluster: ClusterConfig, acct: Accounting | None = None,
+                        found: Sequence[validation.Finding] | None = None) -> list[Finding]:
+    """Each node type's `account` and `qos`: the pipeline's `accounting` findings (`found`,
+    default: its rule run against `acct`), and what passed."""
+    if found is None:
+        found = validation.check_accounts(cluster, (acct or Accounting()).associations)
+    if any(f.key == "accounting" for f in found):
+        return [shown(f, "Slurm checks them when the job is submitted") for f in found]
+    bad = {f.key.rsplit(".", 1)[0] for f in found}
     out = []
-    for t, ncfg in wanted.items():
-        where = f"available_node_types.{t}.node_config"
-        problem = check_account_qos(assocs, ncfg.account, ncfg.qos, where)
-        if problem is None:
+    for t, nt in cluster.node_types.items():
+        ncfg, where = nt.node_config, f"available_node_types.{t}.node_config"
+        if (ncfg.account is not None or ncfg.qos is not None) and where not in bad:
             out.append(Finding("ok", where, f"account {ncfg.account or '(default)'}, qos "
                                f"{ncfg.qos or '(default)'}: allowed by your associations"))
-        else:
-            key, _, message = problem.partition(": ")
-            out.append(Finding("fail", key, message, "Slurm refuses such jobs; use one of "
-                               "the valid choices named"))
-    return out
+    return out + [shown(f, "Slurm refuses such jobs; use one of the valid choices named")
+                  for f in found]

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ray_slurm_provider.cli.logs",
     "ray_slurm_provider.cli.doctor",
     "ray_slurm_provider.cli.docs",
+    "ray_slurm_provider.cli.schema",
     "ray_slurm_provider.sandbox.cli",
 )
 

@@ -249,7 +249,7 @@ class Runner:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         p = plan(args)
-        return Runner(load_cluster(p.config), p).run()
+        return Runner(load_cluster(p.config, starts=True), p).run()
     except CliError as e:
         print(f"ray-slurm: {e}", file=sys.stderr)
         return 2

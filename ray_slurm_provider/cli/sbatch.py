@@ -112,7 +112,7 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     try:
         args.no_down, args.reuse = False, False
         p = plan(args, run=False)
-        cluster = load_cluster(p.config)
+        cluster = load_cluster(p.config, starts=True)
         try:
             up = running_head(cluster)
         except SlurmError as e:

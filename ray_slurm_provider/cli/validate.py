@@ -1,7 +1,7 @@
 """`ray-slurm validate CONFIG` and `ray-slurm render CONFIG`.
 
-validate: the config model (the same `bootstrap.validate` that `ray up` runs) plus, unless
-`--offline`, every node type checked against the live cluster (cli/findings.py).
+validate: the validation pipeline (provider/validation.py, the one `ray up` runs), against
+the live cluster unless `--offline`, reported per node type (cli/findings.py).
 
 render: every batch script the cluster would submit (the head's and one per worker type),
 built by the same code as the provider (`bootstrap_config`, `fillout_resources`,
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from typing import Any
 
@@ -26,45 +27,53 @@ from ray_slurm_provider.cli.common import (
     report,
     run_command,
 )
-from ray_slurm_provider.cli.findings import accounting_findings, node_type_findings
+from ray_slurm_provider.cli.findings import accounting_findings, node_type_findings, shown
 from ray_slurm_provider.cluster import parse_provider_section
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import build_job
-from ray_slurm_provider.provider import defaults
-from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources, validate
+from ray_slurm_provider.provider import defaults, validation
+from ray_slurm_provider.provider.bootstrap import bootstrap_config, fillout_resources
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.script import ScriptError, render
 
 
 def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
-    """The model's verdict, then (live) each node type against Slurm."""
-    try:
-        parsed = validate(cluster.config, live=False)
-    except ConfigError as e:
-        return [Finding("fail", "config", str(e), "fix the key named above")]
+    """The validation pipeline's verdict (provider/validation.py, as `ray up` runs it), then
+    (live) each node type against Slurm, with what passed."""
+    info, unreachable = None, None
+    if live:
+        try:
+            info = cluster.client.cluster_info()
+        except SlurmError as e:
+            unreachable = Finding("fail", f"Slurm ({cluster.pcfg.slurm_api})",
+                                  f"cannot check against the cluster: {e}",
+                                  "run `ray-slurm doctor CONFIG`, or --offline to skip")
+    acct = Accounting()
+    parsed, found = validation.run(cluster.config, info=info, env=os.environ,
+                                   associations=acct.associations if info else None)
+    mine = [f for f in found if f.rule not in validation.LIVE_RULES]
+    if parsed is None or any(f.level == "error" for f in mine):
+        return [shown(f, "fix the key named above") for f in mine]
     types = parsed.node_types
     out = [Finding("ok", "config", f"cluster {cluster.name!r}: provider section and "
                    f"{len(types)} node types match the config model")]
     out += [Finding("info", "defaults", line)
             for line in defaults.describe(cluster.from_defaults, cluster.config)]
-    if parsed.head_type not in types:
-        out.append(Finding("fail", "head_node_type", f"{parsed.head_type!r} is not one of "
-                           f"available_node_types ({', '.join(types)})", "name a node type"))
-    if not live:
+    out += [shown(f, "see the message") for f in mine]
+    if unreachable is not None:
+        return [*out, unreachable]
+    if info is None:
         return out
-    try:
-        info = cluster.client.cluster_info()
-    except SlurmError as e:
-        return [*out, Finding("fail", f"Slurm ({cluster.pcfg.slurm_api})",
-                              f"cannot check against the cluster: {e}",
-                              "run `ray-slurm doctor CONFIG`, or --offline to skip")]
     out.append(Finding("ok", f"Slurm ({cluster.pcfg.slurm_api})",
                        f"Slurm {info.version}, partitions: "
                        f"{', '.join(p.name for p in info.partitions)}"))
     for t in types:
-        out += node_type_findings(parsed, t, info)
-    return out + accounting_findings(parsed, Accounting())
+        out += node_type_findings(parsed, t, info, [
+            f for f in found if f.rule in ("partition", "limits")
+            and f.key.startswith(f"available_node_types.{t}.")])
+    return out + accounting_findings(parsed, found=[f for f in found
+                                                    if f.rule == "accounting"])
 
 
 def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
@@ -97,13 +106,13 @@ def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    return run_command(lambda: report(validate_findings(load_cluster(args.config),
+    return run_command(lambda: report(validate_findings(load_cluster(args.config, starts=True),
                                                         live=not args.offline)))
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     def body() -> int:
-        cluster = load_cluster(args.config)
+        cluster = load_cluster(args.config, starts=True)
         scripts = rendered_scripts(cluster)
         if args.node_type:
             scripts = [s for s in scripts if s[0] == args.node_type]

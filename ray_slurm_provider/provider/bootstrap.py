@@ -1,21 +1,20 @@
 """What `ray up` does to the cluster config before anything is submitted.
 
-`bootstrap_config` parses the cluster once (cluster.parse_cluster), checks it against the live
-cluster (partitions must exist, limits must fit), forces self-starting workers, and copies into
-the provider section what the head's autoscaler needs to build worker jobs: Ray hands a provider
-only its own section, yet workers must run the YAML's initialization, setup and start commands.
+`bootstrap_config` runs the validation pipeline (provider/validation.py: the model, Ray's
+schema, values, and the live cluster: partitions must exist, limits must fit), forces
+self-starting workers, and copies into the provider section what the head's autoscaler needs
+to build worker jobs: Ray hands a provider only its own section, yet workers must run the
+YAML's initialization, setup and start commands.
 `fillout_resources` fills a node type's omitted `resources` from its Slurm partition.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -29,14 +28,8 @@ from ray_slurm_provider.cluster import (
     parse_cluster,
 )
 from ray_slurm_provider.config import ConfigError, NodeConfig, parse_provider
-from ray_slurm_provider.provider import defaults
-from ray_slurm_provider.provider.checks import (
-    check_live,
-    check_partitions,
-    check_static,
-    v1_colocation_warning,
-)
-from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
+from ray_slurm_provider.provider import defaults, validation
+from ray_slurm_provider.slurm.client import ClusterInfo
 from ray_slurm_provider.units import MIB, mem_bytes
 
 logger = logging.getLogger(__name__)
@@ -49,35 +42,16 @@ def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
     return make_client(parse_provider((config or {}).get("provider") or {})).cluster_info()
 
 
-def check_ray_schema(config: dict[str, Any]) -> None:
-    """Ray's own config schema (the one `ray up` applies), so `ray-slurm validate` catches
-    what `ray up` would, with the key path in the error."""
-    import jsonschema
-    import ray.autoscaler
-
-    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
-    try:
-        jsonschema.validate(config, schema)
-    except jsonschema.ValidationError as e:
-        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise ConfigError(f"{where}: {e.message}") from None
-
-
 def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
-    """Parse the cluster and check every key this provider owns (against Slurm too, when
-    `live`); ConfigError names the key path."""
-    cluster = parse_cluster(config)
-    check_ray_schema(config)
-    check_static(cluster)
-    if live:
-        try:
-            info = _cluster_info(config)
-            check_partitions(cluster, info)
-            for warning in check_live(cluster, info):
-                logger.warning(warning)
-                click.echo(f"Warning: {warning}", err=True)
-        except SlurmError as e:
-            logger.warning("Could not check partitions against Slurm: %s", e.slurm_message)
+    """The validation pipeline (provider/validation.py), against Slurm too when `live`;
+    warnings are printed, the first error is raised as ConfigError naming the key path."""
+    info = (lambda: _cluster_info(config)) if live else None
+    cluster, found = validation.run(config, info=info, env=os.environ)
+    validation.raise_first(found)
+    for warning in found:
+        logger.warning("%s", warning)
+        click.echo(f"Warning: {warning}", err=True)
+    assert cluster is not None  # no error: the model took it
     return cluster
 
 
@@ -87,10 +61,6 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         cluster = validate(config)
     except ConfigError as e:
         raise click.ClickException(f"Invalid cluster config: {e}") from e
-    warning = v1_colocation_warning(cluster, os.environ)
-    if warning:
-        logger.warning(warning)
-        click.echo(f"Warning: {warning}", err=True)
     provider = config["provider"]
     provider["disable_node_updaters"] = True
     if "python" not in provider:

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from ray_slurm_provider.config import ConfigError, parse_node_config, parse_provider
+from ray_slurm_provider.schema import with_source
 
 ENV = "RAY_SLURM_DEFAULTS"
 SITE_FILE = "/etc/ray-slurm/defaults.yaml"
@@ -77,7 +78,7 @@ def _merge_under(base: dict[str, Any], over: Mapping[str, Any]) -> None:
             base[k] = copy.deepcopy(v)
 
 
-def _check(path: str, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _check(path: str, data: Any, text: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     if data is None:
         return {}, {}
     if not isinstance(data, Mapping):
@@ -96,7 +97,9 @@ def _check(path: str, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         parse_provider(provider)
         parse_node_config(node_config, "*")
     except ConfigError as e:
-        raise ConfigError(f"{path}: {str(e).replace('available_node_types.*.', '')}") from e
+        e = with_source(e, text, path)
+        raise ConfigError(f"{path}: {str(e).replace('available_node_types.*.', '')}",
+                          key=e.key, value=e.value) from e
     return provider, node_config
 
 
@@ -115,7 +118,7 @@ def load(paths: list[str]) -> Defaults:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        provider, node_config = _check(path, data)
+        provider, node_config = _check(path, data, text)
         _merge_under(d.provider, provider)
         _merge_under(d.node_config, node_config)
         for leaf in _leaves(provider, "provider") + _leaves(node_config, "node_config"):

@@ -42,11 +42,11 @@ from ray.autoscaler.tags import (
 )
 
 from ray_slurm_provider import auth
-from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
+from ray_slurm_provider.cluster import ClusterConfig
 from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_node_config
 from ray_slurm_provider.jobs import GROUP_TAG, build_job, job_name
 from ray_slurm_provider.nodespec import split
-from ray_slurm_provider.provider import runs
+from ray_slurm_provider.provider import runs, validation
 from ray_slurm_provider.provider.bootstrap import ConfigHooks
 from ray_slurm_provider.provider.gangs import GangHooks, groups
 from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
@@ -87,7 +87,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
         try:
-            self.cluster = parse_provider_section(provider_config, cluster_name)
+            self.cluster = validation.check_section(provider_config, cluster_name)
         except ConfigError as e:
             self._config_error = e
             self.cluster = ClusterConfig(cluster_name, ProviderConfig(), "", {})

@@ -177,23 +177,3 @@ class Accounting:
 
 def _me() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
-
-
-def check_account_qos(assocs: Sequence[Association], account: str | None,
-                      qos: str | None, where: str) -> str | None:
-    """What is wrong with submitting with `account` and `qos` (None: nothing), naming the
-    valid choices; `where` is the config key path of the node type."""
-    accounts = sorted({a.account for a in assocs})
-    if account is not None and account not in accounts:
-        return (f"{where}.account: {account!r} is not an account you may use on this "
-                f"cluster; valid: {', '.join(accounts) or 'none (no association)'}")
-    if qos is None:
-        return None
-    # Without an account Slurm takes the user's default one; any of theirs passes here.
-    mine = [a for a in assocs if account is None or a.account == account]
-    allowed = sorted({q for a in mine for q in a.qos})
-    if qos not in allowed:
-        whose = f"account {account!r}" if account else "your associations"
-        return (f"{where}.qos: {qos!r} is not a QOS of {whose}; valid: "
-                f"{', '.join(allowed) or 'none'}")
-    return None

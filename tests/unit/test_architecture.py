@@ -281,7 +281,7 @@ def test_the_layer_rule_catches_what_it_should() -> None:
         ("slurm.cli", "proc"), ("slurm.rest.job", "slurm.script"), ("jobs", "slurm.script"),
         ("provider.walltime", "jobs"), ("provider.submit", "jobs"),
         ("agent.agent", "runtimes.base"),
-        ("cli.main", "sandbox.cli"), ("cli.status", "provider.checks"), ("gang.gang", "config"),
+        ("cli.main", "sandbox.cli"), ("cli.status", "provider.validation"), ("gang.gang", "config"),
         ("sandbox.core", "proc"), ("node", "agent.__main__"), ("config", "schema")])
     assert all(bad(a, b) for a, b in [
         ("config", "jobs"), ("proc", "slurm.cli"), ("slurm.cli", "runtimes.base"),

@@ -157,7 +157,7 @@ def test_v1_warns_when_two_ray_nodes_can_share_a_host(monkeypatch: pytest.Monkey
     """Issue 14.13: v1 keys load by IP, so a worker beside the head (or another worker) on one
     host merges with it, and a busy node can be terminated as idle."""
     from ray_slurm_provider.cluster import parse_cluster
-    from ray_slurm_provider.provider.checks import v1_colocation_warning
+    from ray_slurm_provider.provider.validation import v1_colocation_warning
 
     monkeypatch.setenv("RAY_UP_enable_autoscaler_v2", "0")
     SlurmNodeProvider.bootstrap_config(cfg())

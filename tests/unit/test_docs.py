@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -22,10 +21,10 @@ def test_committed_reference_matches_the_model() -> None:
 
 def _keys(cls: type[object], prefix: str) -> list[str]:
     out = []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        out.append(f"{prefix}.{f.name}")
-        if not f.metadata.get("doc"):
-            raise AssertionError(f"{prefix}.{f.name} has no doc")
+    for name, f in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
+        out.append(f"{prefix}.{name}")
+        if not f.description:
+            raise AssertionError(f"{prefix}.{name} has no doc")
     return out
 
 

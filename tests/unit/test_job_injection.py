@@ -31,7 +31,7 @@ from ray_slurm_provider.cluster import NodeCommands, NodeType, parse_cluster
 from ray_slurm_provider.config import ConfigError, ContainerConfig, parse_node_config
 from ray_slurm_provider.jobs import build_job, decode_tags, encode_tags
 from ray_slurm_provider.nodespec import NodeSpec
-from ray_slurm_provider.provider.checks import check_static
+from ray_slurm_provider.provider.validation import check_static
 from ray_slurm_provider.runtimes.base import RunContext
 from ray_slurm_provider.runtimes.docker import Docker
 from ray_slurm_provider.shellcmd import env_exports

@@ -13,12 +13,12 @@ from ray_slurm_provider import proc
 from ray_slurm_provider.cli.findings import accounting_findings
 from ray_slurm_provider.cli.status import ended_data, ended_lines
 from ray_slurm_provider.cluster import NODE_TYPES_KEY, ClusterConfig, parse_provider_section
+from ray_slurm_provider.provider.fit import check_account_qos
 from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
 from ray_slurm_provider.slurm.client import EndedJob, PermanentSlurmError, classify
 from ray_slurm_provider.slurm.sacct import (
     Accounting,
     NoAccounting,
-    check_account_qos,
     parse_associations,
 )
 from tests.fakes import FakeClock, FakeSlurm

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -214,7 +215,21 @@ def _spawn(tmp: str, marker: str | None = None, extra: str = "") -> Entry:
     if marker is not None:
         env[OWNER_ENV] = marker
     pid = proc.spawn(argv, env=env, log_path=os.path.join(tmp, "spawn.log"))
+    _wait_for_argv(pid, argv)
     return Entry(pid, tuple(argv))
+
+
+def _wait_for_argv(pid: int, argv: list[str]) -> None:
+    """Wait until the kernel shows the new program's argv. Popen returns once exec closed the
+    error pipe (close-on-exec), which happens before the new argv pages are set up: under load
+    /proc/<pid>/cmdline can still be empty then."""
+    want = ("\0".join(argv) + "\0").encode()
+    for _ in range(1000):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read() == want:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} never showed argv {argv}")
 
 
 def test_registry_trusts_a_pid_only_with_its_argv(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def test_sbatch_refuses_a_cluster_that_is_up_and_submits_nothing(
     head = fake.submit(JobSpec(job_name=c.job_name, command=["x"]))
     fake.start(head)
     c.cdir.write_head(HeadInfo(job_id=head, ip="127.0.0.2", gcs_port=1))
-    monkeypatch.setattr("ray_slurm_provider.cli.sbatch.load_cluster", lambda path: c)
+    monkeypatch.setattr("ray_slurm_provider.cli.sbatch.load_cluster", lambda path, **kw: c)
     monkeypatch.setattr(sbatch, "submit", lambda *a, **k: pytest.fail("submitted"))
     assert main(["sbatch", str(c.path), "--", "python", "x.py"]) == 2
     assert f"is already up (head job {head})" in capsys.readouterr().err

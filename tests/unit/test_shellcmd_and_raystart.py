@@ -217,16 +217,16 @@ def test_the_prefix_of_ray_start_is_kept_raw_for_its_own_shell() -> None:
 def test_what_follows_ray_start_is_refused_with_the_key_path() -> None:
     import pytest
 
-    from ray_slurm_provider.cluster import parse_cluster
+    from ray_slurm_provider.provider.validation import check_start_commands
     from ray_slurm_provider.schema import ConfigError
 
     base = {"cluster_name": "c", "available_node_types": {"w": {"resources": {"CPU": 1}}}}
     with pytest.raises(ConfigError, match=r"worker_start_ray_commands\[1\]: .*never returns"):
-        parse_cluster({**base, "worker_start_ray_commands": [
+        check_start_commands({**base, "worker_start_ray_commands": [
             "echo hi", "ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT; echo done"]})
     with pytest.raises(ConfigError, match=r"head_start_ray_commands\[0\]: .*never returns"):
-        parse_cluster({**base, "head_start_ray_commands": ["ray start --head && touch up"]})
-    parse_cluster({**base, "head_start_ray_commands": ["ulimit -n 4096; ray start --head"]})
+        check_start_commands({**base, "head_start_ray_commands": ["ray start --head && touch up"]})
+    check_start_commands({**base, "head_start_ray_commands": ["ulimit -n 4096; ray start --head"]})
 
 
 def test_ray_stop_before_ray_start_never_runs_bare_in_rays_shell() -> None:

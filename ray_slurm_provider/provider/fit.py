@@ -1,40 +1,19 @@
-"""Value checks of the node types, before `ray up` submits anything.
-
-config.py checks each key's type and rejects unknown keys. Here are the checks that need
-more than one key, or Slurm's own view of the cluster: time-limit format and the partition's
-MaxTime, the drain lead time against the time limit, GPUs (and GPU type), CPUs and memory
-against the partition's nodes, and everything the batch-script renderer would refuse
-(environment names, sbatch options, paths). Every error names the key path, the bad value
-and what is allowed.
+"""Stage 4 of the validation pipeline (provider/validation.py): each node type against
+Slurm's view of the cluster. Its partition exists; its time limit, nodes, GPUs (and GPU type),
+CPUs and memory fit the partition's nodes; its account and QOS are among the user's
+associations. Every error names the key path, the bad value and the valid range.
 """
 
 from __future__ import annotations
 
-import logging
 import re
-import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 
 from ray_slurm_provider.cluster import ClusterConfig
 from ray_slurm_provider.config import ConfigError, NodeConfig
-from ray_slurm_provider.jobs import build_job, temp_dir_root_max
 from ray_slurm_provider.slurm.client import ClusterInfo, Partition
-from ray_slurm_provider.slurm.script import ScriptError, validate
+from ray_slurm_provider.slurm.sacct import Association
 from ray_slurm_provider.units import TIME_FORMS, fmt_duration, mem_mb, parse_duration
-
-logger = logging.getLogger(__name__)
-
-#: A container image reference or file: reaches the runtime's argv, where a leading `-` would
-#: be taken as an option (`--privileged`); blanks and control characters are never part of one.
-IMAGE = re.compile(r"[A-Za-z0-9_./~][!-~]*")
-#: JobSpec field (named in a ScriptError) -> the config key it comes from.
-_SOURCE = {
-    "job_name": "cluster_name", "output": "provider.state_dir", "command": "provider.python",
-    "environment": "provider.environment / {nc}.environment", "signal": "{nc}.drain_before_limit_s",
-    "gres": "{nc}.gpus / {nc}.gpu_type", "cpus_per_task": "{nc}.cpus / resources.CPU",
-    "mem": "{nc}.mem / resources.memory",
-    "setup": "{nc}.prologue / initialization_commands / worker_setup_commands",
-}
 
 
 def time_limit_s(ncfg: NodeConfig, path: str) -> int | None:
@@ -56,42 +35,6 @@ def node_mem_mb(ncfg: NodeConfig, path: str) -> int | None:
         return mem_mb(ncfg.mem)
     except ValueError as e:
         raise ConfigError(f"{path}.mem: {e}") from None
-
-
-def check_static(cluster: ClusterConfig) -> None:
-    """Checks that need no Slurm: formats, lead time, and every job's fields as the batch
-    script renderer would check them."""
-    pcfg = cluster.provider
-    if len(pcfg.temp_dir_root.rstrip("/")) > temp_dir_root_max():
-        raise ConfigError(
-            f"provider.temp_dir_root: {pcfg.temp_dir_root!r} is longer than "
-            f"{temp_dir_root_max()} characters; Ray's Unix socket paths below it would pass "
-            "Linux's 107-byte limit (valid: a short node-local path such as /tmp)")
-    for t, nt in cluster.node_types.items():
-        ncfg, nc = nt.node_config, f"available_node_types.{t}.node_config"
-        limit = time_limit_s(ncfg, nc)
-        node_mem_mb(ncfg, nc)
-        if ncfg.drain_before_limit_s < 0:
-            raise ConfigError(f"{nc}.drain_before_limit_s: {ncfg.drain_before_limit_s} is "
-                              "negative; valid: 0 (off) or seconds before the time limit")
-        if limit is not None and ncfg.drain_before_limit_s >= limit:
-            raise ConfigError(
-                f"{nc}.drain_before_limit_s: {ncfg.drain_before_limit_s}s is not shorter than "
-                f"the time limit {ncfg.time!r}; valid: 0 to {limit - 1}")
-        for key in ("image", "image_tag"):
-            img = getattr(ncfg.container, key)
-            if img is not None and not IMAGE.fullmatch(img):
-                raise ConfigError(
-                    f"{nc}.container.{key}: {img!r} is not an image reference or file; valid: "
-                    "e.g. nvcr.io/nvidia/pytorch:24.05-py3, a local tag or a path, printable "
-                    "ASCII without blanks, not starting with '-'")
-        try:
-            validate(build_job(pcfg, cluster.name, nt, kind=cluster.kind(t),
-                               python=pcfg.python or sys.executable))
-        except ScriptError as e:
-            field = str(e).split(":", 1)[0].removeprefix("JobSpec.").split("[", 1)[0]
-            where = _SOURCE.get(field, f"{{nc}}.{field}").format(nc=nc)
-            raise ConfigError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
 
 
 def _gpus(gres: str) -> list[tuple[str, int]]:
@@ -118,11 +61,12 @@ def _most_gpus(part: Partition, gpu_type: str | None) -> int:
                for node in part.nodes)
 
 
-def check_partitions(cluster: ClusterConfig, info: ClusterInfo) -> None:
-    """Every partition a node type names exists."""
+def check_partitions(cluster: ClusterConfig, info: ClusterInfo,
+                     only: Iterable[str] | None = None) -> None:
+    """Every partition a node type (all, or those in `only`) names exists."""
     names = sorted(p.name for p in info.partitions)
-    for t, nt in cluster.node_types.items():
-        part = nt.node_config.partition
+    for t in cluster.node_types if only is None else only:
+        part = cluster.node_type(t).node_config.partition
         if part is not None and info.partition(part) is None:
             raise ConfigError(
                 f"available_node_types.{t}.node_config.partition: {part!r} is not a partition "
@@ -186,16 +130,21 @@ def check_live(cluster: ClusterConfig, info: ClusterInfo,
     return warnings
 
 
-def v1_colocation_warning(cluster: ClusterConfig, env: Mapping[str, str]) -> str | None:
-    """Autoscaler v1 (`RAY_UP_enable_autoscaler_v2=0`) keys load and idleness by node IP, so
-    two Ray nodes on one host merge and a busy one can be terminated as idle. Slurm places
-    jobs side by side unless they take whole nodes."""
-    if env.get("RAY_UP_enable_autoscaler_v2") != "0":
-        return None  # v2 matches each raylet to its job id
-    shared = [t for t, nt in cluster.node_types.items() if not nt.node_config.exclusive]
-    if not shared:
+def check_account_qos(assocs: Sequence[Association], account: str | None,
+                      qos: str | None, where: str) -> str | None:
+    """What is wrong with submitting with `account` and `qos` (None: nothing), naming the
+    valid choices; `where` is the config key path of the node type."""
+    accounts = sorted({a.account for a in assocs})
+    if account is not None and account not in accounts:
+        return (f"{where}.account: {account!r} is not an account you may use on this "
+                f"cluster; valid: {', '.join(accounts) or 'none (no association)'}")
+    if qos is None:
         return None
-    keys = ", ".join(f"available_node_types.{t}.node_config.exclusive" for t in shared)
-    return ("autoscaler v1 tells Ray nodes apart by IP, and Slurm may place two of this "
-            "cluster's jobs on one node: they then count as one, and a busy node can be "
-            f"terminated as idle. Set {keys} to true, or use autoscaler v2 (the default)")
+    # Without an account Slurm takes the user's default one; any of theirs passes here.
+    mine = [a for a in assocs if account is None or a.account == account]
+    allowed = sorted({q for a in mine for q in a.qos})
+    if qos not in allowed:
+        whose = f"account {account!r}" if account else "your associations"
+        return (f"{where}.qos: {qos!r} is not a QOS of {whose}; valid: "
+                f"{', '.join(allowed) or 'none'}")
+    return None
