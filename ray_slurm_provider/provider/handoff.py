@@ -19,20 +19,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
-
-from ray_slurm_provider import shellcmd
+from ray_slurm_provider import rayapi, shellcmd
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.state import ClusterDir, NodeDir, StartRequest, poll_interval
 
 QUERY_EVERY_S = 5.0  # how often a waiting `ray up` asks whether the job still exists
 
 
-def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
+def runner_error(msg: str, code: int | None, cmd: str) -> Exception:
     """The error Ray's NodeUpdater expects from a runner whose command failed."""
-    err: ProcessRunnerError = ProcessRunnerError(  # type: ignore[no-untyped-call]
-        msg, "ssh_command_failed", code=code, command=cmd)
-    return err
+    return rayapi.runner_error(msg, code, cmd)
 
 
 def request_start(ndir: NodeDir, prog: shellcmd.Program,

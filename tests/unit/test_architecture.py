@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = "ray_slurm_provider"
 PKG_DIR = ROOT / PKG
 README = ROOT / "README.md"
-MAX_LINES = 300
-MAX_TOP_MODULES = 12
+MAX_LINES = 500  # line budget withdrawn: split by responsibility (issue 25)
+MAX_TOP_MODULES = 14
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ ROOMS: dict[str, Room] = {
     "node": Room("node.py, the old entry point's shim", frozenset({"agent"})),
 }
 GROUND = ("proc", "units", "schema", "ports", "auth", "state", "shellcmd", "nodespec",
-          "config", "cluster")
+          "config", "cluster", "rayapi")
 TOP_ROOM: dict[str, str] = {
     **{name: "ground" for name in GROUND},
     "slurm": "slurm", "runtimes": "runtimes", "jobs": "jobs",
