@@ -23,7 +23,7 @@ from typing import Any
 
 from ray_slurm_provider.slurm.client import EndReader, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.sacct import NOT_ITS_FAULT
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.state import update_json
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +137,17 @@ class LaunchGuard:
         """Merge one type's entry into errors.json (other processes own other types)."""
         if self._path is None:
             return
-        try:
-            data = read_json(self._path)
-            data = dict(data) if isinstance(data, dict) else {}
+
+        def merge(old: Any) -> dict[str, Any]:
+            data: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
             if entry is None:
                 data.pop(node_type, None)
             else:
                 data[node_type] = entry
-            write_json(self._path, data)
+            return data
+
+        try:
+            update_json(self._path, merge)
         except (OSError, ValueError) as e:
             logger.warning("Could not update %s: %s", self._path, e)
 
