@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_slurm_provider.retry import exponential
 from ray_slurm_provider.slurm.client import EndReader, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.sacct import NOT_ITS_FAULT
 from ray_slurm_provider.state import update_json
@@ -101,8 +102,8 @@ class LaunchGuard:
             old = self._errors.get(node_type)
             n = old.failures + 1 if old else 1
             free = FREE_FAILURES.get(kind, 0)
-            delay = 0.0 if n <= free else min(
-                MAX_DELAY_S, BASE_DELAY_S.get(kind, 60.0) * 2.0 ** min(n - 1 - free, 20))
+            backoff = exponential(BASE_DELAY_S.get(kind, 60.0), cap_s=MAX_DELAY_S)
+            delay = 0.0 if n <= free else backoff(n - free, 0.0)
             self._errors[node_type] = TypeFailure(
                 kind, message.strip(), n, old.first_failed if old else now, now, now + delay,
                 old.held_back if old else 0)
