@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 #: `ray.autoscaler._private.commands.POLL_INTERVAL` in Ray 2.60: what `ray down`'s teardown
@@ -72,6 +74,16 @@ def shorten_ray_down_poll(seconds: float) -> bool:
         return False
     commands.POLL_INTERVAL = seconds  # type: ignore[attr-defined]
     return True
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema `ray up` checks a cluster config against (the file Ray ships beside
+    `ray.autoscaler`, which its validate_config reads)."""
+    import ray.autoscaler
+
+    schema: dict[str, Any] = json.loads(
+        (Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    return schema
 
 
 def resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:

@@ -10,16 +10,15 @@ only its own section, yet workers must run the YAML's initialization, setup and 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.cluster import (
     AUTO_PYTHON_KEY,
     DEFAULT_HEAD_START,
@@ -53,9 +52,8 @@ def check_ray_schema(config: dict[str, Any]) -> None:
     """Ray's own config schema (the one `ray up` applies), so `ray-slurm validate` catches
     what `ray up` would, with the key path in the error."""
     import jsonschema
-    import ray.autoscaler
 
-    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    schema = rayapi.config_schema()
     try:
         jsonschema.validate(config, schema)
     except jsonschema.ValidationError as e:

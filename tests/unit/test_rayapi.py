@@ -198,3 +198,19 @@ def test_resources_per_node_reads_the_gcs_by_node_id(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(state.state, "_connect_and_get_accessor", lambda: accessor)
     assert rayapi.resources_per_node() == ({node.hex(): {"CPU": 1.0}},
                                            {node.hex(): {"CPU": 2.0, "GPU": 1.0}})
+
+
+def test_config_schema_is_the_one_rays_validate_config_applies() -> None:
+    """`ray-slurm validate` checks what `ray up` would: a key Ray's schema does not know is
+    refused by Ray's own check and by the schema rayapi reads."""
+    import jsonschema
+    from ray.autoscaler._private.util import validate_config
+
+    bad = {**config(), "no_such_key": 1}
+    with pytest.raises(jsonschema.ValidationError) as rays:
+        validate_config(bad)
+    with pytest.raises(jsonschema.ValidationError) as ours:
+        jsonschema.validate(bad, rayapi.config_schema())
+    assert "no_such_key" in ours.value.message and ours.value.message == rays.value.message
+    assert ours.value.schema == rays.value.schema
+    jsonschema.validate(config(), rayapi.config_schema())
