@@ -87,7 +87,7 @@ STALE_LOCK_S = 60.0
 #: without lockd): the update then takes a lock file instead (SoftFileLock).
 NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
 _SOFT_TRY_S = 1.0  # between looks at whether the lock file is stale
-_flockless: set[str] = set()  # directories where flock failed, so each is logged once
+_flockless: set[int] = set()  # filesystems (st_dev) where flock failed: said once, not retried
 
 
 def update_json(path: Path, fn: Callable[[Any], Any], mode: int = 0o644) -> Any:
@@ -106,7 +106,8 @@ def update_json(path: Path, fn: Callable[[Any], Any], mode: int = 0o644) -> Any:
 def _locked(lock: Path) -> Iterator[None]:
     """Hold `lock`: flock where the filesystem has it, else a lock file (see NO_FLOCK)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    if str(lock.parent) not in _flockless:
+    fs = os.stat(lock.parent).st_dev
+    if fs not in _flockless:
         hard = filelock.FileLock(str(lock), timeout=LOCK_WAIT_S)
         try:
             hard.acquire()
@@ -115,9 +116,10 @@ def _locked(lock: Path) -> Iterator[None]:
         except (OSError, NotImplementedError) as e:  # filelock 3 raises ENOSYS as the latter
             if isinstance(e, OSError) and e.errno not in NO_FLOCK:
                 raise
-            _flockless.add(str(lock.parent))
-            logger.warning("%s cannot be locked with flock (%s): using lock files there, "
-                           "broken when older than %g s", lock.parent, e, STALE_LOCK_S)
+            _flockless.add(fs)
+            logger.warning("the filesystem of %s cannot lock with flock (%s): using lock "
+                           "files there, broken when older than %g s", lock.parent, e,
+                           STALE_LOCK_S)
         else:
             try:
                 yield
