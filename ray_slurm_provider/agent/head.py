@@ -27,16 +27,15 @@ from ray_slurm_provider.state import StartRequest, StartResult, poll_interval
 def wait_port_free(host: str, port: int, timeout: float) -> None:
     """Wait until nothing accepts connections on host:port (raise RuntimeError if it stays
     taken: another cluster on this node owns it; choose `provider.ports.base`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def taken(_: int) -> bool:
         with socket.socket() as s:
             s.settimeout(1.0)
-            if s.connect_ex((host, port)) != 0:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"port {port} on {host} is in use by another process; set "
-                               "provider.ports.base to give this cluster other ports")
-        time.sleep(0.25)
+            return s.connect_ex((host, port)) == 0
+
+    if retry(taken, retry_if=bool, deadline_s=timeout, clock=time.monotonic,
+             delay=lambda n, waited: 0.25):
+        raise RuntimeError(f"port {port} on {host} is in use by another process; set "
+                           "provider.ports.base to give this cluster other ports")
 
 
 def _wait_gcs_port_free(argv: list[str]) -> None:

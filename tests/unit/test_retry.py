@@ -105,3 +105,18 @@ def test_stop_ends_the_retries_at_once() -> None:
         retry(fn, retry_on=(OSError,), delay=exponential(1.0), stop=lambda: len(fn.calls) >= 2,
               sleep=lambda s: None)
     assert fn.calls == [1, 2]
+
+
+def test_the_heads_port_wait_retries_until_the_port_is_free_or_time_is_up() -> None:
+    """agent/head.py's wait_port_free on a real socket this test holds, then closes."""
+    import socket
+
+    from ray_slurm_provider.agent.head import wait_port_free
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"port {port} on 127.0.0.1 is in use"):
+            wait_port_free("127.0.0.1", port, 0.2)
+    wait_port_free("127.0.0.1", port, 0.2)
