@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import psutil
+
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -224,29 +226,22 @@ def spawn(
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> int:
-    """Signal `pid` and every process below it, found in /proc before any is signalled (so
-    none is reparented to init first and missed). The node agent's own `ray start` only:
-    killing just that process would orphan the agents under its raylet, and Slurm's
-    proctrack/linuxproc does not find orphans. Returns how many were signalled."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        tree.append(p)
-        stack.extend(children.get(p, []))
+    """Signal `pid` and every process below it, all found before any is signalled (so none is
+    reparented to init first and missed). The node agent's own `ray start` only: killing
+    just that process would orphan the agents under its raylet, and Slurm's
+    proctrack/linuxproc does not find orphans. Processes that end meanwhile, and those the
+    kernel does not let us signal (other users'), are skipped. Returns how many were
+    signalled."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
     n = 0
     for p in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, sig)
+        # psutil checks that the pid still names the process it listed (no pid reuse).
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            p.send_signal(sig)
             n += 1
     return n
 
@@ -256,17 +251,27 @@ ORPHAN_GRACE_S = 5.0
 
 
 def pipe_holders(fd: int) -> list[int]:
-    """The other processes that hold the pipe behind `fd` open (from /proc/*/fd; those of
-    other users cannot be read and are not ours)."""
+    """The other processes that hold the pipe behind `fd` open. psutil lists no pipes among
+    a process's open files, so each process's fd links are read; those of other users
+    cannot be read and are not ours, and a process may end while it is looked at."""
     target, me, out = f"pipe:[{os.fstat(fd).st_ino}]", os.getpid(), []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
+    for pid in psutil.pids():
+        if pid == me:
             continue
         with contextlib.suppress(OSError):
-            if any(os.readlink(f"/proc/{entry.name}/fd/{n}") == target
-                   for n in os.listdir(f"/proc/{entry.name}/fd")):
-                out.append(int(entry.name))
+            fds = os.scandir(f"/proc/{pid}/fd")
+            with fds:
+                if any(_link(e.path) == target for e in fds):
+                    out.append(pid)
     return out
+
+
+def _link(path: str) -> str:
+    """Where an fd link points, or "" when the fd closed meanwhile."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def end_orphans(child: subprocess.Popen[str], eof: threading.Event,

@@ -25,18 +25,27 @@ the other side of each hand-off, read it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import filelock
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 R = TypeVar("R", bound="DataclassInstance")
+logger = logging.getLogger(__name__)
 
 _AGENT, _RAY, _START, _RESULT, _STOP = "agent.json", "ray.json", "start.json", "result.json", "stop"
 _TAGS, _HEAD, _TEARDOWN = "tags.json", "head.json", "teardown"
@@ -67,6 +76,99 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+#: How long update_json waits for another process's update before it gives up (OSError).
+LOCK_WAIT_S = 30.0
+#: Without flock, a lock file older than this is taken for one whose holder died (an update
+#: holds it for milliseconds).
+STALE_LOCK_S = 60.0
+#: What flock(2) says where the filesystem cannot lock (Lustre without -o flock, NFSv3
+#: without lockd): the update then takes a lock file instead (SoftFileLock).
+NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
+_SOFT_TRY_S = 1.0  # between looks at whether the lock file is stale
+_flockless: set[int] = set()  # filesystems (st_dev) where flock failed: said once, not retried
+
+
+def update_json(path: Path, fn: Callable[[Any], Any], mode: int = 0o644) -> Any:
+    """Read, change and write back a JSON file that other processes (on other nodes) update
+    too, under the lock file `.<name>.lock` beside it (`.<name>.softlock` where flock is
+    missing), so that no update is lost. `fn` gets
+    the file's JSON (None when there is none) and returns what to write; returns that.
+    OSError when the lock cannot be had within LOCK_WAIT_S; ValueError if malformed."""
+    with _locked(path.with_name(f".{path.name}.lock")):
+        data = fn(read_json(path))
+        write_json(path, data, mode)
+    return data
+
+
+@contextlib.contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    """Hold `lock`: flock where the filesystem has it, else a lock file (see NO_FLOCK)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fs = os.stat(lock.parent).st_dev
+    if fs not in _flockless:
+        hard = filelock.FileLock(str(lock), timeout=LOCK_WAIT_S)
+        try:
+            hard.acquire()
+        except filelock.Timeout as e:
+            raise OSError(errno.ETIMEDOUT, f"{lock} held for over {LOCK_WAIT_S:g} s") from e
+        except (OSError, NotImplementedError) as e:  # filelock 3 raises ENOSYS as the latter
+            if isinstance(e, OSError) and e.errno not in NO_FLOCK:
+                raise
+            _flockless.add(fs)
+            logger.warning("the filesystem of %s cannot lock with flock (%s): using lock "
+                           "files there, broken when older than %g s", lock.parent, e,
+                           STALE_LOCK_S)
+        else:
+            try:
+                yield
+            finally:
+                hard.release()
+            return
+    # Beside, not on, the flock file: that one stays once made, and would look held.
+    soft = _soft_acquire(lock.with_name(lock.name.replace(".lock", ".softlock")))
+    try:
+        yield
+    finally:
+        soft.release()
+
+
+def _soft_acquire(lock: Path, clock: Callable[[], float] = time.time) -> filelock.BaseFileLock:
+    """A held SoftFileLock on `lock`, breaking a lock file older than STALE_LOCK_S."""
+    deadline = clock() + LOCK_WAIT_S
+    while True:
+        soft = filelock.SoftFileLock(str(lock), timeout=_SOFT_TRY_S)
+        try:
+            soft.acquire()
+            return soft
+        except filelock.Timeout:
+            if clock() >= deadline:
+                raise OSError(errno.ETIMEDOUT,
+                              f"{lock} held for over {LOCK_WAIT_S:g} s") from None
+            _break_stale(lock, clock())
+
+
+def _break_stale(lock: Path, now: float) -> None:
+    """Remove `lock` if it is older than STALE_LOCK_S. It is renamed aside first and checked:
+    a fresh lock another process took meanwhile is put back."""
+    try:
+        st = os.stat(lock)
+    except FileNotFoundError:
+        return
+    if now - st.st_mtime < STALE_LOCK_S:
+        return
+    aside = lock.with_name(f"{lock.name}.stale-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(lock, aside)
+    except FileNotFoundError:
+        return
+    if os.stat(aside).st_ino != st.st_ino:
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, lock)
+    else:
+        logger.warning("broke the stale lock %s (%.0f s old)", lock, now - st.st_mtime)
+    aside.unlink(missing_ok=True)
 
 
 def _read(path: Path, cls: type[R]) -> R | None:
@@ -273,8 +375,10 @@ class ClusterDir:
         return dict(data) if isinstance(data, dict) else {}
 
     def set_tags(self, job_id: str, tags: dict[str, str]) -> None:
-        merged = {**self.tags(job_id), **tags}
-        write_json(self.node(job_id).path / _TAGS, merged)
+        """Merge `tags` into the node's tags (`ray up` and the head's autoscaler both set
+        them: under update_json's lock, neither loses the other's)."""
+        update_json(self.node(job_id).path / _TAGS,
+                    lambda old: {**(old if isinstance(old, dict) else {}), **tags})
         # Readers in other processes re-read the tags files only when this changed.
         write_json(self.root / "tags.gen", os.urandom(8).hex())
 

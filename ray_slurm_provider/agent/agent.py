@@ -29,12 +29,15 @@ from ray_slurm_provider.agent.tempdir import private_parent
 from ray_slurm_provider.config import ProviderConfig
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.nodespec import NodeSpec, node_id
+from ray_slurm_provider.retry import exponential
 from ray_slurm_provider.schema import load
 from ray_slurm_provider.slurm.client import SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import AgentInfo, ClusterDir, HeadInfo, RayUp
 
 STARTED_MARKER = "Ray runtime started"
+#: Between the tries of a `ray start` that failed (worker.py, head.py): 2, 4, 8, 16, 30 s.
+START_BACKOFF = exponential(2.0, cap_s=30.0)
 SETUP_TIMEOUT_S = 3600.0  # one setup command (pip install, a module load)
 
 

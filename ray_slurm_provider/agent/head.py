@@ -17,8 +17,9 @@ import time
 
 from ray_slurm_provider import ports, proc, shellcmd
 from ray_slurm_provider.agent import oneshot
-from ray_slurm_provider.agent.agent import Agent, Stopping, log
+from ray_slurm_provider.agent.agent import START_BACKOFF, Agent, Stopping, log
 from ray_slurm_provider.jobs import job_name
+from ray_slurm_provider.retry import retry
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import StartRequest, StartResult, poll_interval
 
@@ -26,16 +27,15 @@ from ray_slurm_provider.state import StartRequest, StartResult, poll_interval
 def wait_port_free(host: str, port: int, timeout: float) -> None:
     """Wait until nothing accepts connections on host:port (raise RuntimeError if it stays
     taken: another cluster on this node owns it; choose `provider.ports.base`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def taken(_: int) -> bool:
         with socket.socket() as s:
             s.settimeout(1.0)
-            if s.connect_ex((host, port)) != 0:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"port {port} on {host} is in use by another process; set "
-                               "provider.ports.base to give this cluster other ports")
-        time.sleep(0.25)
+            return s.connect_ex((host, port)) == 0
+
+    if retry(taken, retry_if=bool, deadline_s=timeout, clock=time.monotonic,
+             delay=lambda n, waited: 0.25):
+        raise RuntimeError(f"port {port} on {host} is in use by another process; set "
+                           "provider.ports.base to give this cluster other ports")
 
 
 def _wait_gcs_port_free(argv: list[str]) -> None:
@@ -165,23 +165,31 @@ class HeadAgent(Agent):
 
         # A busy node can make Ray's own start-up deadlines fire ("The current node timed
         # out during startup"): retry like a worker does before telling `ray up` it failed.
-        for attempt in range(1, self.spec.attempts + 1):
+        code = 1
+
+        def attempt(n: int) -> bool:
+            """One start of Ray; whether that was the last."""
+            nonlocal code
+            if n > 1:
+                try:
+                    _wait_gcs_port_free(argv)
+                except RuntimeError as e:
+                    log(str(e))
+                    return True
             try:
                 code = self.run_ray(argv, env, up)
             except Stopping as e:
                 log(f"{e}; the job ends")
                 code = 1
-                break
-            if started or self.terminating or attempt == self.spec.attempts:
-                break
-            log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code}); "
+                return True
+            if started or self.terminating or n == self.spec.attempts:
+                return True
+            log(f"ray start failed (attempt {n}/{self.spec.attempts}, exit {code}); "
                 "retrying")
-            self.pause(min(2**attempt, 30))
-            try:
-                _wait_gcs_port_free(argv)
-            except RuntimeError as e:
-                log(str(e))
-                break
+            return False
+
+        retry(attempt, attempts=self.spec.attempts, delay=START_BACKOFF,
+              retry_if=lambda last: not last, sleep=self.pause)
         self.unmark()
         result = self.ndir.read_result()
         if result is None or result.id != req.id:

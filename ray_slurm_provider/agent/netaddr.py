@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from ray_slurm_provider import proc
+from ray_slurm_provider.retry import exponential, retry
 from ray_slurm_provider.slurm.client import SlurmClient, TransientSlurmError
 
 
@@ -34,16 +35,10 @@ def node_ip(env: Mapping[str, str], interface: str | None, slurm: SlurmClient, *
     name = env.get("SLURMD_NODENAME", "")
     if not name:
         raise RuntimeError("SLURMD_NODENAME is not set: not running inside a Slurm job?")
-    waited, delay = 0.0, 2.0
-    while True:
-        try:
-            addr = slurm.node_address(name)
-            break
-        except TransientSlurmError:
-            if waited >= deadline_s:
-                raise
-            pause(delay)
-            waited, delay = waited + delay, min(delay * 2, 30.0)
+    # Jitter: every node of a large allocation asks the same recovering controller.
+    addr = retry(lambda _: slurm.node_address(name), retry_on=(TransientSlurmError,),
+                 delay=exponential(2.0, cap_s=30.0, jitter=0.2), deadline_s=deadline_s,
+                 sleep=pause)
     if not addr:
         raise RuntimeError(f"Slurm does not know the address of node {name!r}")
     return addr

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ray_slurm_provider import auth
+from ray_slurm_provider.retry import retry
 from ray_slurm_provider.state import ClusterDir, HeadInfo, StartRequest
 
 #: The exit code when Ray, not the entrypoint, failed (`docker run` uses it the same way).
@@ -85,16 +86,13 @@ def run_entrypoint(cdir: ClusterDir, head: HeadInfo, auth_mode: str, req: StartR
                    stopping: Callable[[], bool]) -> int:
     """On the head: submit the request's entrypoint, stream its output into `out` (the head
     job's log) and return its exit code, CLUSTER_FAILED when Ray could not run it."""
-    deadline = time.monotonic() + CONNECT_S
-    while True:
-        try:
-            client = job_client(cdir, head, auth_mode)
-            break
-        except Exception as e:
-            if time.monotonic() > deadline or stopping():
-                say(f"ERROR: the head's dashboard did not answer: {e}")
-                return CLUSTER_FAILED
-            time.sleep(2)
+    try:
+        client = retry(lambda _: job_client(cdir, head, auth_mode), retry_on=(Exception,),
+                       delay=lambda n, waited: 2.0, deadline_s=CONNECT_S, stop=stopping,
+                       clock=time.monotonic)
+    except Exception as e:
+        say(f"ERROR: the head's dashboard did not answer: {e}")
+        return CLUSTER_FAILED
     entry = shlex.join(req.entrypoint)
     job_id = client.submit_job(entrypoint=entry, runtime_env=req.runtime_env or None)
     say(f"one-shot: Ray job {job_id} runs: {entry}")

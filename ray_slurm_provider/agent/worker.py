@@ -12,8 +12,9 @@ from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent import headwatch
-from ray_slurm_provider.agent.agent import Agent, Stopping, log
+from ray_slurm_provider.agent.agent import START_BACKOFF, Agent, Stopping, log
 from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
+from ray_slurm_provider.retry import retry
 from ray_slurm_provider.slurm.client import SlurmError
 
 
@@ -39,7 +40,10 @@ class WorkerAgent(Agent):
             return 0
         prog = shellcmd.parse_commands(self.spec.start_commands or DEFAULT_WORKER_START)
         watching = False
-        for attempt in range(1, self.spec.attempts + 1):
+
+        def attempt(n: int) -> int | None:
+            """One start of Ray: the job's exit code, or None to try again."""
+            nonlocal watching
             started = False
             try:
                 argv, env = self.build(prog, {})
@@ -59,13 +63,17 @@ class WorkerAgent(Agent):
                 log(f"{e}; the job ends")
                 return 0
             except (RuntimeError, proc.CommandError, SlurmError) as e:
-                log(f"ray start attempt {attempt} failed: {e}")
+                log(f"ray start attempt {n} failed: {e}")
                 code = 1
             if started or self.terminating:
                 return self.ended(code)
-            log(f"ray start failed (attempt {attempt}/{self.spec.attempts}, exit {code})")
-            if attempt < self.spec.attempts:
-                self.pause(min(2**attempt, 30))
+            log(f"ray start failed (attempt {n}/{self.spec.attempts}, exit {code})")
+            return None
+
+        code = retry(attempt, attempts=self.spec.attempts, delay=START_BACKOFF,
+                     retry_if=lambda c: c is None, sleep=self.pause)
+        if code is not None:
+            return code
         log("giving up: Ray never started on this node; ending the job so the autoscaler "
             "can replace it")
         return 1

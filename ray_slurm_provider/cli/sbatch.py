@@ -12,8 +12,6 @@ output is in the head job's log; `scancel` of the head ends everything.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
 import os
 import shutil
@@ -23,7 +21,7 @@ from typing import Any
 
 import click
 
-from ray_slurm_provider import shellcmd
+from ray_slurm_provider import rayapi, shellcmd
 from ray_slurm_provider.agent.oneshot import staged_dir
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
 from ray_slurm_provider.cli.run import Plan, own_env, plan, running_head
@@ -35,33 +33,21 @@ from ray_slurm_provider.slurm.client import SlurmError
 def resolve(config: dict[str, Any]) -> dict[str, Any]:
     """The config as `ray up` resolves it: Ray's defaults, then this provider's hooks
     (defaults files, partition shapes, checks). Ray's progress lines go to stderr."""
-    from ray.autoscaler._private.commands import _bootstrap_config
-
-    with contextlib.redirect_stdout(sys.stderr):
-        resolved: dict[str, Any] = _bootstrap_config(copy.deepcopy(config),
-                                                     no_config_cache=True)
-    return resolved
+    return rayapi.bootstrap_config(config)
 
 
 def head_start(config: dict[str, Any], head_type: str) -> tuple[shellcmd.Program,
                                                                 dict[str, str]]:
-    """The head's start program (its setup commands, then `ray start`) and the variables
-    Ray's updater would give it."""
-    from ray._private.ray_constants import (
-        LABELS_ENVIRONMENT_VARIABLE,
-        RESOURCES_ENVIRONMENT_VARIABLE,
-    )
-
+    """The head's start program (its commands as Ray's updater runs them, `ray start` last)
+    and the variables Ray's updater would give it. `config` is resolved (`resolve`)."""
+    resources_var, labels_var = rayapi.start_env_names()
     nt = config["available_node_types"][head_type]
-    cmds = [*config.get("initialization_commands", []), *config.get("setup_commands", []),
-            *config.get("head_setup_commands", []), *config.get("head_start_ray_commands", [])]
-    prog = shellcmd.parse_commands([str(c) for c in cmds])
+    prog = shellcmd.parse_commands(rayapi.head_commands(config))
     if prog.ray_start is None:
         raise CliError("head_start_ray_commands has no `ray start`")
-    env = {"RAY_USAGE_STATS_ENABLED": "0",
-           RESOURCES_ENVIRONMENT_VARIABLE: json.dumps(nt.get("resources") or {})}
+    env = {"RAY_USAGE_STATS_ENABLED": "0", resources_var: json.dumps(nt.get("resources") or {})}
     if nt.get("labels"):
-        env[LABELS_ENVIRONMENT_VARIABLE] = json.dumps(nt["labels"])
+        env[labels_var] = json.dumps(nt["labels"])
     return prog, env
 
 

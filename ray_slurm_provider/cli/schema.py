@@ -13,8 +13,8 @@ import copy
 import json
 from typing import Any
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.config import NodeConfig, ProviderConfig
-from ray_slurm_provider.provider.validation import ray_schema
 from ray_slurm_provider.schema import adapter
 
 #: Draft 7 (Ray's) keeps shared definitions under `definitions`.
@@ -32,7 +32,7 @@ def model_schema(cls: type[Any], definitions: dict[str, Any]) -> dict[str, Any]:
 
 def cluster_schema() -> dict[str, Any]:
     """Ray's cluster schema with the provider section and node_config from the model."""
-    schema = copy.deepcopy(ray_schema())
+    schema = copy.deepcopy(rayapi.config_schema())
     definitions = schema.setdefault("definitions", {})
     props = schema["properties"]
     provider = model_schema(ProviderConfig, definitions)

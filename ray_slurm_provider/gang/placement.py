@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.nodespec import GROUP_LABEL
 
 STRATEGY = "STRICT_SPREAD"
@@ -116,10 +117,7 @@ def wait_ready(pg: Any, bundle: Mapping[str, float], nodes: int, timeout_s: floa
     per_avail: Mapping[str, Mapping[str, float]] | None
     per_total: Mapping[str, Mapping[str, float]] | None
     try:  # per-node views are not public API; the report works without them
-        from ray._private import state
-
-        per_avail = state.available_resources_per_node()  # type: ignore[no-untyped-call]
-        per_total = state.total_resources_per_node()  # type: ignore[no-untyped-call]
+        per_avail, per_total = rayapi.resources_per_node()
     except Exception:
         per_avail = per_total = None
     available = ray.available_resources()  # type: ignore[no-untyped-call]

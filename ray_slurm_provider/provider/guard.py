@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_slurm_provider.retry import exponential
 from ray_slurm_provider.slurm.client import EndReader, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.sacct import NOT_ITS_FAULT
-from ray_slurm_provider.state import read_json, write_json
+from ray_slurm_provider.state import update_json
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ class LaunchGuard:
             old = self._errors.get(node_type)
             n = old.failures + 1 if old else 1
             free = FREE_FAILURES.get(kind, 0)
-            delay = 0.0 if n <= free else min(
-                MAX_DELAY_S, BASE_DELAY_S.get(kind, 60.0) * 2.0 ** min(n - 1 - free, 20))
+            backoff = exponential(BASE_DELAY_S.get(kind, 60.0), cap_s=MAX_DELAY_S)
+            delay = 0.0 if n <= free else backoff(n - free, 0.0)
             self._errors[node_type] = TypeFailure(
                 kind, message.strip(), n, old.first_failed if old else now, now, now + delay,
                 old.held_back if old else 0)
@@ -137,14 +138,17 @@ class LaunchGuard:
         """Merge one type's entry into errors.json (other processes own other types)."""
         if self._path is None:
             return
-        try:
-            data = read_json(self._path)
-            data = dict(data) if isinstance(data, dict) else {}
+
+        def merge(old: Any) -> dict[str, Any]:
+            data: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
             if entry is None:
                 data.pop(node_type, None)
             else:
                 data[node_type] = entry
-            write_json(self._path, data)
+            return data
+
+        try:
+            update_json(self._path, merge)
         except (OSError, ValueError) as e:
             logger.warning("Could not update %s: %s", self._path, e)
 

@@ -19,20 +19,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
-
-from ray_slurm_provider import shellcmd
+from ray_slurm_provider import rayapi, shellcmd
 from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.retry import retry
 from ray_slurm_provider.state import ClusterDir, NodeDir, StartRequest, poll_interval
 
 QUERY_EVERY_S = 5.0  # how often a waiting `ray up` asks whether the job still exists
 
 
-def runner_error(msg: str, code: int | None, cmd: str) -> ProcessRunnerError:
+def runner_error(msg: str, code: int | None, cmd: str) -> Exception:
     """The error Ray's NodeUpdater expects from a runner whose command failed."""
-    err: ProcessRunnerError = ProcessRunnerError(  # type: ignore[no-untyped-call]
-        msg, "ssh_command_failed", code=code, command=cmd)
-    return err
+    return rayapi.runner_error(msg, code, cmd)
 
 
 def request_start(ndir: NodeDir, prog: shellcmd.Program,
@@ -55,22 +52,27 @@ def wait_started(ndir: NodeDir, req_id: str, *, timeout: float, node_id: str, lo
                  job_gone: Callable[[], bool]) -> None:
     """Wait for the agent's answer to `req_id`; raise the runner's error if Ray failed or did
     not come up. `job_gone` (asks Slurm) is called every QUERY_EVERY_S."""
-    start = time.monotonic()
-    deadline = start + timeout
-    next_query = start + QUERY_EVERY_S
-    while time.monotonic() < deadline:
+    next_query = time.monotonic() + QUERY_EVERY_S
+
+    def look(_: int) -> bool | None:
+        """True: Ray is up; False: the job is gone; None: no answer yet."""
+        nonlocal next_query
         res = ndir.read_result()
         if res and res.id == req_id:
             if res.ok:
-                return
+                return True
             raise runner_error(f"ray start failed in job {node_id}: {res.error} (log: {log})",
                                1, "ray start")
         if time.monotonic() >= next_query:
             next_query = time.monotonic() + QUERY_EVERY_S
             if job_gone():
-                break
-        time.sleep(poll_interval(time.monotonic() - start))
-    raise runner_error(f"Ray did not come up in job {node_id} (log: {log})", 1, "ray start")
+                return False
+        return None
+
+    up = retry(look, retry_if=lambda r: r is None, deadline_s=timeout, clock=time.monotonic,
+               delay=lambda n, waited: poll_interval(waited))
+    if not up:
+        raise runner_error(f"Ray did not come up in job {node_id} (log: {log})", 1, "ray start")
 
 
 def stop_ray(ndir: NodeDir, timeout: float = 60.0) -> None:
@@ -78,9 +80,8 @@ def stop_ray(ndir: NodeDir, timeout: float = 60.0) -> None:
     if not ndir.ray_up():
         return
     ndir.request_stop()
-    deadline = time.monotonic() + timeout
-    while ndir.ray_up() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    retry(lambda _: ndir.ray_up(), retry_if=bool, deadline_s=timeout, clock=time.monotonic,
+          delay=lambda n, waited: 0.2)
 
 
 def config_path() -> str:

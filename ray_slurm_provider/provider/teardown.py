@@ -12,31 +12,25 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.state import ClusterDir
 
 logger = logging.getLogger(__name__)
 
-RAY_DOWN_POLL_S = 5  # commands.POLL_INTERVAL in Ray 2.60, slept after every terminate_nodes
 SHORT_POLL_S = 0.1
 END_WAIT_S = 60.0  # more than Slurm's KillWait (30 s by default) plus an epilog
 LIST_EVERY_S = 0.5
 
 
 def shorten_ray_down_poll() -> bool:
-    """Make Ray's `ray down` loop list again after SHORT_POLL_S; whether it did. Only Ray's
-    own value is replaced: a Ray that changed it is left alone (and the unit test says so)."""
-    commands = sys.modules.get("ray.autoscaler._private.commands")
-    if commands is None or getattr(commands, "POLL_INTERVAL", None) != RAY_DOWN_POLL_S:
-        return False
-    commands.POLL_INTERVAL = SHORT_POLL_S  # type: ignore[attr-defined]
-    return True
+    """Make Ray's `ray down` loop list again after SHORT_POLL_S; whether it did (rayapi)."""
+    return rayapi.shorten_ray_down_poll(SHORT_POLL_S)
 
 
 def wait_ended(list_jobs: Callable[[], list[Job]], ids: Iterable[str], *,

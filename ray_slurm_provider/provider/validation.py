@@ -21,15 +21,13 @@ Each message names the key path, the bad value and what is allowed.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-from ray_slurm_provider import shellcmd
+from ray_slurm_provider import rayapi, shellcmd
 from ray_slurm_provider.cluster import (
     ClusterConfig,
     NodeType,
@@ -174,21 +172,12 @@ def check_head_type(cluster: ClusterConfig) -> None:
 
 # --- stage 2: Ray's own schema ----------------------------------------------------------------
 
-def ray_schema() -> dict[str, Any]:
-    """The cluster schema of the installed Ray (read at runtime: it changes with Ray)."""
-    import ray.autoscaler
-
-    text = (Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text()
-    schema: dict[str, Any] = json.loads(text)
-    return schema
-
-
 def check_ray_schema(config: Mapping[str, Any]) -> None:
     """Ray's own config schema (the one `ray up` applies), with the key path in the error."""
     import jsonschema
 
     try:
-        jsonschema.validate(dict(config), ray_schema())
+        jsonschema.validate(dict(config), rayapi.config_schema())
     except jsonschema.ValidationError as e:
         where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         raise ConfigError(f"{where}: {e.message}") from None

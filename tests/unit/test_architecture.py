@@ -67,7 +67,7 @@ ROOMS: dict[str, Room] = {
     "node": Room("node.py, the old entry point's shim", frozenset({"agent"})),
 }
 GROUND = ("proc", "units", "schema", "ports", "auth", "state", "shellcmd", "nodespec",
-          "config", "cluster")
+          "config", "cluster", "rayapi", "retry")
 TOP_ROOM: dict[str, str] = {
     **{name: "ground" for name in GROUND},
     "slurm": "slurm", "runtimes": "runtimes", "jobs": "jobs",

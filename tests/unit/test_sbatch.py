@@ -65,6 +65,29 @@ def test_sbatch_prepares_the_head_and_hands_it_the_entrypoint(
     assert '"_node_types"' in boot and '"cpu_worker"' in boot  # the head's autoscaler config
 
 
+def test_sbatch_runs_the_head_commands_once_in_rays_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26.2: Ray's config preparation already puts setup_commands in front of
+    head_setup_commands; the head runs them as Ray's updater does (initialization, setup,
+    head setup, start), each once."""
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info", offline)
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    c.config.update({"initialization_commands": ["echo init"],
+                     "setup_commands": ["mkdir /tmp/x"], "head_setup_commands": ["echo h"]})
+
+    def provider(config: dict[str, Any], name: str) -> SlurmNodeProvider:
+        p = SlurmNodeProvider(config, name)
+        p._client = fake
+        return p
+
+    head = sbatch.submit(c, Plan(c.path, ["true"], {}), provider_cls=provider)
+    req = c.cdir.node(head).read_start()
+    assert req is not None
+    assert req.before == ["echo init", "mkdir /tmp/x", "echo h"]
+    assert req.ray_start is not None and req.ray_start[:3] == ["ray", "start", "--head"]
+
+
 def test_sbatch_refuses_a_cluster_that_is_up_and_submits_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,7 +87,7 @@ def test_rays_schema_is_read_at_run_time_and_the_internal_keys_pass(
     fake = {"type": "object", "properties": {
         "provider": {"type": "object"},
         "available_node_types": {"patternProperties": {".*": {"properties": {}}}}}}
-    monkeypatch.setattr(schema, "ray_schema", lambda: copy.deepcopy(fake))
+    monkeypatch.setattr(schema.rayapi, "config_schema", lambda: copy.deepcopy(fake))
     assert set(schema.cluster_schema()["properties"]) == {"provider", "available_node_types"}
 
 

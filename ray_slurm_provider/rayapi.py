@@ -1,0 +1,96 @@
+"""Every use of Ray's private API and of Ray behaviour the package relies on, in one place.
+
+Ray does not promise to keep `ray._private` or `ray.autoscaler._private` stable. Each name
+here has a unit test in tests/unit/test_rayapi.py that pins the behaviour relied on (by
+running Ray's code, not by reading its source), so a Ray upgrade that changes it fails there
+first. Ray is imported inside the functions: the agent and the login node's quick commands
+import this module without paying for Ray's autoscaler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: `ray.autoscaler._private.commands.POLL_INTERVAL` in Ray 2.60: what `ray down`'s teardown
+#: loop sleeps after every terminate_nodes call.
+RAY_DOWN_POLL_S = 5
+_COMMANDS = "ray.autoscaler._private.commands"
+
+#: The config keys whose commands Ray's updater runs on a new head, in its order. Ray's config
+#: preparation has already put `setup_commands` in front of `head_setup_commands`.
+HEAD_COMMAND_KEYS = ("initialization_commands", "head_setup_commands", "head_start_ray_commands")
+
+
+def bootstrap_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as `ray up` resolves it (Ray's defaults, its merge of the setup commands,
+    then the provider's own bootstrap hook), from a copy, without Ray's config cache. Ray's
+    progress lines go to stderr."""
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    with contextlib.redirect_stdout(sys.stderr):
+        resolved: dict[str, Any] = _bootstrap_config(copy.deepcopy(dict(config)),
+                                                     no_config_cache=True)
+    return resolved
+
+
+def head_commands(resolved: Mapping[str, Any]) -> list[str]:
+    """The commands Ray's updater runs on a new head, in its order, from a config that went
+    through `bootstrap_config` (which merged the setup commands: they are not added again)."""
+    return [str(c) for key in HEAD_COMMAND_KEYS for c in resolved.get(key) or []]
+
+
+def start_env_names() -> tuple[str, str]:
+    """The variables through which Ray's updater hands `ray start` the node type's resources
+    and labels (JSON): (resources, labels)."""
+    from ray._private.ray_constants import (
+        LABELS_ENVIRONMENT_VARIABLE,
+        RESOURCES_ENVIRONMENT_VARIABLE,
+    )
+
+    return str(RESOURCES_ENVIRONMENT_VARIABLE), str(LABELS_ENVIRONMENT_VARIABLE)
+
+
+def runner_error(msg: str, code: int | None, cmd: str) -> Exception:
+    """The error Ray's NodeUpdater expects from a command runner whose command failed."""
+    from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
+
+    err: Exception = ProcessRunnerError(  # type: ignore[no-untyped-call]
+        msg, "ssh_command_failed", code=code, command=cmd)
+    return err
+
+
+def shorten_ray_down_poll(seconds: float) -> bool:
+    """Make `ray down`'s teardown loop sleep `seconds` instead of Ray's RAY_DOWN_POLL_S in this
+    process; whether it did. Only where Ray's commands module is loaded (a `ray down`) and
+    still has Ray's own value: a Ray that changed it, or a second call, leaves it alone."""
+    commands = sys.modules.get(_COMMANDS)
+    if commands is None or getattr(commands, "POLL_INTERVAL", None) != RAY_DOWN_POLL_S:
+        return False
+    commands.POLL_INTERVAL = seconds  # type: ignore[attr-defined]
+    return True
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema `ray up` checks a cluster config against (the file Ray ships beside
+    `ray.autoscaler`, which its validate_config reads)."""
+    import ray.autoscaler
+
+    schema: dict[str, Any] = json.loads(
+        (Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    return schema
+
+
+def resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """(available, total) resources of each live node by node id, from the connected
+    driver's GCS (not public API; callers treat any exception as "not known")."""
+    from ray._private import state
+
+    available = state.available_resources_per_node()  # type: ignore[no-untyped-call]
+    total = state.total_resources_per_node()  # type: ignore[no-untyped-call]
+    return available, total

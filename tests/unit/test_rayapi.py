@@ -1,0 +1,216 @@
+"""The Ray behaviour rayapi relies on, pinned by running Ray's own code (issue 25.4).
+
+Each test fails when a Ray upgrade changes what the package relies on; none reads Ray's
+source text. No Ray cluster is started.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND
+
+from ray_slurm_provider import rayapi
+
+SANDBOX_YAML = Path(__file__).resolve().parents[2] / "cluster-configs" / "sandbox.yaml"
+NODE_TYPES = {"head": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
+              "w": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 2}}
+
+
+class FakeProvider(NodeProvider):
+    """Nodes in a dict; the command runner records what it is asked to run."""
+
+    nodes: dict[str, dict[str, str]] = {}
+    ran: list[str] = []
+    envs: dict[str, Any] = {}
+    fail: str = ""
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        return [n for n, t in self.nodes.items()
+                if all(t.get(k) == v for k, v in tag_filters.items())]
+
+    def terminate_nodes(self, node_ids: list[str]) -> None:
+        for n in node_ids:
+            self.nodes.pop(n, None)
+
+    def is_terminated(self, node_id: str) -> bool:
+        return node_id not in self.nodes
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        return dict(self.nodes[node_id])
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        self.nodes[node_id].update(tags)
+
+    def get_command_runner(self, *args: Any, **kwargs: Any) -> Any:
+        provider = self
+
+        class Runner:
+            def run(self, cmd: str, **kw: Any) -> str:
+                provider.ran.append(cmd)
+                provider.envs[cmd] = kw.get("environment_variables")
+                if cmd == provider.fail:
+                    raise rayapi.runner_error("it failed", 3, cmd)
+                return ""
+
+            def run_init(self, **kw: Any) -> bool:
+                return False
+
+            def run_rsync_up(self, *a: Any, **kw: Any) -> None:
+                return None
+
+        return Runner()
+
+
+def config(**extra: Any) -> dict[str, Any]:
+    """The sandbox's config (it has every key Ray's schema wants) on the fake provider."""
+    base = yaml.safe_load(SANDBOX_YAML.read_text())
+    base.update(cluster_name="rayapi-test", max_workers=2, head_node_type="head",
+                provider={"type": "external", "module": f"{__name__}.FakeProvider"},
+                available_node_types=json.loads(json.dumps(NODE_TYPES)))
+    return {**base, **extra}
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ray's config cache goes to a temp dir of the test's own; Ray's provider cache and the
+    fake's class-level state start empty."""
+    from ray.autoscaler._private import providers
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(providers, "_provider_instances", {})
+    monkeypatch.setattr(FakeProvider, "nodes", {})
+    monkeypatch.setattr(FakeProvider, "ran", [])
+    monkeypatch.setattr(FakeProvider, "envs", {})
+    monkeypatch.setattr(FakeProvider, "fail", "")
+
+
+def test_bootstrap_config_puts_setup_commands_before_the_heads_once() -> None:
+    """head_commands does not add setup_commands: Ray's preparation already did."""
+    resolved = rayapi.bootstrap_config(config(
+        initialization_commands=["echo init"], setup_commands=["mkdir /tmp/x"],
+        head_setup_commands=["echo h"], head_start_ray_commands=["ray start --head"]))
+    assert resolved["head_setup_commands"] == ["mkdir /tmp/x", "echo h"]
+    assert rayapi.head_commands(resolved) == [
+        "echo init", "mkdir /tmp/x", "echo h", "ray start --head"]
+
+
+def updater(provider: FakeProvider, **commands: list[str]) -> Any:
+    from ray.autoscaler._private.updater import NodeUpdater
+
+    return NodeUpdater(node_id="1", provider_config={"type": "external"}, provider=provider,
+                       auth_config={}, cluster_name="c", file_mounts={},
+                       runtime_hash="h", file_mounts_contents_hash="", is_head_node=True,
+                       **commands)
+
+
+def test_rays_updater_runs_initialization_then_setup_then_start_commands() -> None:
+    """The order HEAD_COMMAND_KEYS (and so `ray-slurm sbatch`'s head) follows."""
+    p = FakeProvider({}, "c")
+    p.nodes["1"] = {}
+    updater(p, initialization_commands=["i"], setup_commands=["s1", "s2"],
+            ray_start_commands=["ray start --head"]).do_update()
+    assert p.ran == ["uptime", "i", "s1", "s2", "ray start --head"]
+    assert rayapi.HEAD_COMMAND_KEYS == (
+        "initialization_commands", "head_setup_commands", "head_start_ray_commands")
+
+
+def test_rays_updater_takes_runner_error_as_a_failed_command() -> None:
+    """A runner's rayapi.runner_error is Ray's ProcessRunnerError: the updater reports the
+    command as failed (its own ClickException), the next commands do not run."""
+    p = FakeProvider({}, "c")
+    p.nodes["1"] = {}
+    p.fail = "s1"
+    with pytest.raises(click.ClickException, match="Setup command failed"):
+        updater(p, initialization_commands=[], setup_commands=["s1", "s2"],
+                ray_start_commands=["ray start"]).do_update()
+    assert p.ran == ["uptime", "s1"]
+    err = rayapi.runner_error("m", 3, "cmd")
+    assert (err.msg_type, err.code, err.command) == (  # type: ignore[attr-defined]
+        "ssh_command_failed", 3, "cmd")
+
+
+def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Run Ray's own `ray down` loop (workers only: no `ray stop` on a head) on two workers;
+    what it slept."""
+    from ray.autoscaler._private import commands
+
+    naps: list[float] = []
+    fake_time = types.SimpleNamespace(
+        **{**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")},
+           "sleep": naps.append})
+    monkeypatch.setattr(commands, "time", fake_time)
+    FakeProvider.nodes.update({"1": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER},
+                               "2": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER}})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config()))
+    commands.teardown_cluster(str(path), yes=True, workers_only=True,
+                              override_cluster_name=None, keep_min_workers=False)
+    assert FakeProvider.nodes == {}
+    return naps
+
+
+def test_ray_down_sleeps_poll_interval_after_each_terminate_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What shorten_ray_down_poll relies on: Ray's teardown loop sleeps its POLL_INTERVAL
+    (RAY_DOWN_POLL_S) after each terminate_nodes call, read when it sleeps."""
+    from ray.autoscaler._private import commands
+
+    monkeypatch.setattr(commands, "POLL_INTERVAL", commands.POLL_INTERVAL)  # restored after
+    assert ray_down(tmp_path, monkeypatch) == [rayapi.RAY_DOWN_POLL_S]
+    assert rayapi.shorten_ray_down_poll(0.1)
+    assert not rayapi.shorten_ray_down_poll(0.2)  # once; a value Ray did not set stays
+    assert ray_down(tmp_path, monkeypatch) == [0.1]
+
+
+def test_the_start_variables_are_the_ones_rays_updater_sets() -> None:
+    """`ray-slurm sbatch` hands the head's `ray start` the variables Ray's updater would."""
+    p = FakeProvider({}, "c")
+    p.nodes["1"] = {}
+    updater(p, initialization_commands=[], setup_commands=[], ray_start_commands=["ray start"],
+            node_resources={"CPU": 1}, node_labels={"a": "b"}).do_update()
+    resources, labels = rayapi.start_env_names()
+    env = p.envs["ray start"]
+    assert env[resources] == {"CPU": 1} and env[labels] == {"a": "b"}
+    assert (resources, labels) == ("RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS")
+
+
+def test_resources_per_node_reads_the_gcs_by_node_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's per-node views decode the GCS's messages into {node id (hex): {name: amount}}."""
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+
+    node = bytes(range(28))
+    avail = gcs_pb2.AvailableResources(node_id=node, resources_available={"CPU": 1.0})
+    total = gcs_pb2.TotalResources(node_id=node, resources_total={"CPU": 2.0, "GPU": 1.0})
+    accessor = types.SimpleNamespace(
+        get_all_available_resources=lambda: [avail.SerializeToString()],
+        get_all_total_resources=lambda: [total.SerializeToString()])
+    monkeypatch.setattr(state.state, "_connect_and_get_accessor", lambda: accessor)
+    assert rayapi.resources_per_node() == ({node.hex(): {"CPU": 1.0}},
+                                           {node.hex(): {"CPU": 2.0, "GPU": 1.0}})
+
+
+def test_config_schema_is_the_one_rays_validate_config_applies() -> None:
+    """`ray-slurm validate` checks what `ray up` would: a key Ray's schema does not know is
+    refused by Ray's own check and by the schema rayapi reads."""
+    import jsonschema
+    from ray.autoscaler._private.util import validate_config
+
+    bad = {**config(), "no_such_key": 1}
+    with pytest.raises(jsonschema.ValidationError) as rays:
+        validate_config(bad)
+    with pytest.raises(jsonschema.ValidationError) as ours:
+        jsonschema.validate(bad, rayapi.config_schema())
+    assert "no_such_key" in ours.value.message and ours.value.message == rays.value.message
+    assert ours.value.schema == rays.value.schema
+    jsonschema.validate(config(), rayapi.config_schema())
