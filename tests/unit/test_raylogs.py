@@ -148,3 +148,35 @@ def test_cli_logs_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "raylet.out" in capsys.readouterr().out
     assert main(["logs", config, "--ray"]) != 0
     assert "--ray needs a job id" in capsys.readouterr().err
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.6: alive() compares J with J.k; hint drops .k")
+def test_follow_a_gang_member_while_its_job_runs_and_name_its_own_temp_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`logs CONFIG J.k -f` follows while job J runs (squeue lists J, not J.k), and the hint
+    names the member's own temp dir `.../J.k`, not its job's."""
+    from ray_slurm_provider.cli.main import main
+    from ray_slurm_provider.slurm.spec import JobSpec
+    from ray_slurm_provider.state import AgentInfo
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    c.cdir.create()
+    job = fake.submit(JobSpec(c.job_name, ["true"]))
+    fake.start(job, "n[1-2]")
+    c.cdir.log(job).write_text("up\n")
+    c.cdir.node(f"{job}.1").write_agent(AgentInfo(host="n2", pid=1, kind="worker", job_id=job))
+    answers: list[bool] = []
+
+    def follow(path: Path, alive: Any, out: Any) -> None:
+        answers.append(alive())
+        fake.finish(job)
+        answers.append(alive())
+
+    monkeypatch.setattr(logs, "load_cluster", lambda path: c)
+    monkeypatch.setattr(logs, "follow", follow)
+    assert main(["logs", str(tmp_path / "c.yaml"), f"{job}.1", "-f"]) == 0
+    assert answers == [True, False]
+    tmp = temp_dir(c.pcfg.temp_dir_root, f"{job}.1")
+    assert f"in {tmp}/session_latest/logs/" in capsys.readouterr().err
