@@ -150,7 +150,6 @@ def test_cli_logs_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "--ray needs a job id" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.6: alive() compares J with J.k; hint drops .k")
 def test_follow_a_gang_member_while_its_job_runs_and_name_its_own_temp_dir(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,3 +179,4 @@ def test_follow_a_gang_member_while_its_job_runs_and_name_its_own_temp_dir(
     assert answers == [True, False]
     tmp = temp_dir(c.pcfg.temp_dir_root, f"{job}.1")
     assert f"in {tmp}/session_latest/logs/" in capsys.readouterr().err
+
