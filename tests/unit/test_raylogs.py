@@ -181,7 +181,6 @@ def test_follow_a_gang_member_while_its_job_runs_and_name_its_own_temp_dir(
     assert f"in {tmp}/session_latest/logs/" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.12: a file growing during the copy passes the cap")
 def test_a_file_that_grows_during_the_copy_stays_under_the_cap(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray's daemons may still write while the logs are kept: what is read is capped, not only
