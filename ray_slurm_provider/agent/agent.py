@@ -74,6 +74,9 @@ class Agent:
         # Per job, or per member of a gang job (two may share a host: the sandbox's nodes do).
         self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id if spec.group_size == 1 else
                                  f"{self.job_id}.{env['SLURM_NODEID']}")
+        # Set once the temp dir is known to be this user's own: only then may cleanup read
+        # and remove it (a refused parent may be another user's link or dir).
+        self.temp_ready = False
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
@@ -242,6 +245,8 @@ class Agent:
         self.unmark()
         if self.container is not None:
             self.container.remove()
+        if not self.temp_ready:
+            return
         try:  # Ray has stopped: its logs are complete. Keep them before the temp dir goes.
             kept = raylogs.keep(self.temp_dir, self.cdir.ray_logs(self.node_id),
                                 self.spec.ray_logs_max_mb << 20)
@@ -279,6 +284,7 @@ class Agent:
         try:
             try:
                 private_parent(self.temp_dir)
+                self.temp_ready = True
                 self.prepare_container()
             except RuntimeError as e:
                 log(f"ERROR: {e}; the job ends")

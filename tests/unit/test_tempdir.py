@@ -22,8 +22,6 @@ def planted(tmp_path: Path) -> Path:
     return theirs
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.9: cleanup reads and removes below a refused "
-                                       "parent")
 @pytest.mark.parametrize("how", ["parent is a link", "parent open, job dir a link"])
 def test_nothing_is_read_or_removed_under_a_refused_parent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
