@@ -93,9 +93,11 @@ def follow(path: Path, alive: Callable[[], bool], out: TextIO,
 
 
 def node_temp_dir(cluster: Cluster, job: str) -> str:
-    """Node `job`'s Ray temp dir: named by the numeric job id (agent.json's: an array task's
-    own), and for a gang member `<job>.<k>` by that id and its `.<k>`."""
+    """Node `job`'s Ray temp dir: as its agent recorded it, else (older agents) named by the
+    numeric job id (agent.json's: an array task's own), with a gang member's `.<k>`."""
     agent = cluster.cdir.node(job).read_agent()
+    if agent and agent.temp_dir:  # a fallback dir cannot be computed (agent/tempdir.py)
+        return agent.temp_dir
     base, k = split(job)
     numeric = agent.job_id if agent and agent.job_id else base
     return temp_dir(cluster.pcfg.temp_dir_root, numeric if k is None else f"{numeric}.{k}")

@@ -42,7 +42,6 @@ def test_nothing_is_read_or_removed_under_a_refused_parent(
     assert temp_dir(str(tmp_path / "tmp"), "9") == f"{parent}/9"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.10: another user's rsp-<uid> fails every job")
 @pytest.mark.parametrize("how", ["another user's", "a link"])
 def test_a_refused_parent_moves_the_job_to_a_fresh_private_dir_that_is_recorded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -90,6 +89,7 @@ def test_a_refused_parent_moves_the_job_to_a_fresh_private_dir_that_is_recorded(
     assert parent.is_symlink() or parent.is_dir()  # the refused one is left alone
     out = capsys.readouterr().out
     assert f"{parent}" in out and f"using {used}" in out
+    (tmp_path / "cli").mkdir()
     c = cluster(tmp_path / "cli", FakeSlurm())
     c.cdir.node("9").write_agent(info)
     assert logs.node_temp_dir(c, "9") == str(used)
