@@ -93,3 +93,55 @@ def test_a_refused_parent_moves_the_job_to_a_fresh_private_dir_that_is_recorded(
     c = cluster(tmp_path / "cli", FakeSlurm())
     c.cdir.node("9").write_agent(info)
     assert logs.node_temp_dir(c, "9") == str(used)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.11: dirs of SIGKILLed jobs are never swept")
+def test_dirs_of_jobs_slurm_no_longer_lists_are_swept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job killed with SIGKILL leaves `rsp-<uid>/<job>` (spilled objects: GBs). The next
+    agent removes its user's dirs of jobs Slurm lists in no state at all (the dir may be
+    shared by nodes and clusters: not merely "not on this node", nor "not this cluster's"),
+    named like a job id; never a link, a file, another user's dir, or its own."""
+    from ray_slurm_provider.agent import tempdir
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+    from ray_slurm_provider.slurm.spec import JobSpec
+    from tests.fakes import FakeSlurm
+
+    fake = FakeSlurm()
+    other_cluster = fake.submit(JobSpec("ray-other", ["true"]))
+    fake.start(other_cluster)
+    ended = fake.submit(JobSpec("ray-c1", ["true"]))
+    fake.finish(ended)  # still listed (COMPLETED): not yet the sweep's
+    task = fake.submit_array(JobSpec("ray-c1", ["true"]), 2)[1]
+    fake.start(task)
+    numeric = fake.job(task).slurm_job_id  # an array task's dir is named by its own id
+    mine = temp_dir(str(tmp_path / "tmp"), "9")
+    parent = Path(mine).parent
+    gone = ["77", "77.1", "78_3", "79_2.0", "80+1"]
+    kept = ["9", other_cluster, f"{other_cluster}.1", ended, numeric, task, "notajob"]
+    for name in gone + kept:
+        (parent / name / "spilled").mkdir(parents=True)
+    parent.chmod(0o700)
+    (tmp_path / "theirs").mkdir()
+    (parent / "55").symlink_to(tmp_path / "theirs")  # a link: never followed
+    (parent / "57").write_text("a file")
+    if os.getuid() == 0:  # another user's dir (only root can make one here)
+        (parent / "58").mkdir()
+        os.chown(parent / "58", 4242, 4242)
+        kept.append("58")
+    said: list[str] = []
+    fake.fail_next("user_job_ids", TransientSlurmError("squeue: timed out"))
+    assert tempdir.sweep(mine, fake, said.append) == []  # a failed query sweeps nothing
+    assert all((parent / n).exists() for n in gone) and "cannot list" in said[-1]
+    assert sorted(tempdir.sweep(mine, fake, said.append)) == sorted(gone)
+    assert sorted(p.name for p in parent.iterdir()) == sorted([*kept, "55", "57"])
+    assert (tmp_path / "theirs").is_dir()
+    calls = fake.calls["user_job_ids"]
+    assert tempdir.sweep(mine, fake, said.append) == []  # nothing to sweep: Slurm not asked
+    assert fake.calls["user_job_ids"] == calls
+    # The agent sweeps as it starts, below its private parent only.
+    (parent / "81" / "spilled").mkdir(parents=True)
+    a, _ = agent(tmp_path, monkeypatch, [FakeChild([], 1)], attempts=1)
+    a.slurm = fake
+    a.main()
+    assert not (parent / "81").exists() and (parent / other_cluster).exists()
