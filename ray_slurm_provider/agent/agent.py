@@ -24,7 +24,7 @@ from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent.container import NodeContainer
 from ray_slurm_provider.agent.netaddr import node_ip
 from ray_slurm_provider.agent.raystart import ray_start_argv
-from ray_slurm_provider.agent.tempdir import finish, job_dir
+from ray_slurm_provider.agent.tempdir import finish, job_dir, sweep
 from ray_slurm_provider.config import ProviderConfig
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.nodespec import NodeSpec, node_id
@@ -285,6 +285,8 @@ class Agent:
                          temp_dir=self.temp_dir if self.temp_ready else "")
         try:
             self.ndir.write_agent(self.container.recorded(info) if self.container else info)
+            if self.temp_private:  # a fallback's parent may be another user's: never swept
+                sweep(self.temp_dir, self.slurm, log)
             try:
                 if error is not None:
                     raise RuntimeError(error)

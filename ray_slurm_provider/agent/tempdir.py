@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -17,6 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ray_slurm_provider.agent import raylogs
+from ray_slurm_provider.nodespec import split
+from ray_slurm_provider.slurm.client import SlurmError, UserJobs
+
+#: A job dir's name (agent.py): a job id (123, an array task's 123_4, 123+1), and a gang
+#: member's `.<k>` after it.
+_JOB_DIR = re.compile(r"^\d+(?:[_+]\d+)?(?:\.\d+)?$")
 
 
 def private_parent(temp: str) -> Path:
@@ -69,3 +76,42 @@ def finish(temp: str, dest: Path, max_bytes: int, log: Callable[[str], None]) ->
     except OSError as e:
         log(f"could not keep Ray's logs: {e}")
     shutil.rmtree(temp, ignore_errors=True)
+
+
+def _own_dir(entry: os.DirEntry[str]) -> bool:
+    """A directory of this user's own (a link is not followed)."""
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def sweep(temp: str, slurm: object, log: Callable[[str], None]) -> list[str]:
+    """Remove the dirs beside the job's own `temp`, below its private parent, of this user's
+    jobs that Slurm lists in no state at all (a SIGKILLed job's stays, spilled objects too);
+    return their names. Only dirs of the user's own, named like a job id; nothing when the
+    back end cannot list the user's jobs or the query fails."""
+    parent, own = Path(temp).parent, Path(temp).name
+    try:
+        with os.scandir(parent) as entries:
+            found = [e.name for e in entries
+                     if e.name != own and _JOB_DIR.match(e.name) and _own_dir(e)]
+    except OSError:
+        return []
+    if not found or not isinstance(slurm, UserJobs):
+        return []  # nothing to sweep: Slurm is not asked
+    # Listed before Slurm is asked: a job makes its dir only once it runs, so each dir found
+    # belongs to a job Slurm lists in the answer unless that job has ended.
+    try:
+        listed = slurm.user_job_ids()
+    except (SlurmError, OSError) as e:
+        log(f"not sweeping old temp dirs: cannot list your jobs: {e}")
+        return []
+    # Not merely "not on this node": nodes (the sandbox's, a shared /tmp) share the parent.
+    gone = [name for name in found if split(name)[0] not in listed]
+    for name in gone:
+        shutil.rmtree(parent / name, ignore_errors=True)
+    if gone:
+        log(f"removed the temp dirs of jobs Slurm no longer lists: {', '.join(sorted(gone))}")
+    return gone

@@ -95,7 +95,6 @@ def test_a_refused_parent_moves_the_job_to_a_fresh_private_dir_that_is_recorded(
     assert logs.node_temp_dir(c, "9") == str(used)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.11: dirs of SIGKILLed jobs are never swept")
 def test_dirs_of_jobs_slurm_no_longer_lists_are_swept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job killed with SIGKILL leaves `rsp-<uid>/<job>` (spilled objects: GBs). The next
@@ -137,11 +136,48 @@ def test_dirs_of_jobs_slurm_no_longer_lists_are_swept(
     assert sorted(p.name for p in parent.iterdir()) == sorted([*kept, "55", "57"])
     assert (tmp_path / "theirs").is_dir()
     calls = fake.calls["user_job_ids"]
-    assert tempdir.sweep(mine, fake, said.append) == []  # nothing to sweep: Slurm not asked
-    assert fake.calls["user_job_ids"] == calls
+    alone = temp_dir(str(tmp_path / "tmp2"), "9")
+    (Path(alone) / "spilled").mkdir(parents=True)
+    assert tempdir.sweep(alone, fake, said.append) == []  # only its own: Slurm is not asked
+    assert fake.calls["user_job_ids"] == calls and Path(alone).is_dir()
     # The agent sweeps as it starts, below its private parent only.
     (parent / "81" / "spilled").mkdir(parents=True)
     a, _ = agent(tmp_path, monkeypatch, [FakeChild([], 1)], attempts=1)
     a.slurm = fake
     a.main()
     assert not (parent / "81").exists() and (parent / other_cluster).exists()
+
+
+def test_the_cli_back_end_lists_every_id_of_the_users_jobs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One squeue, any name and any state, both ids of an array task; output it cannot read
+    is an error (a shorter list would sweep the dirs of jobs that still run)."""
+    from ray_slurm_provider import proc
+    from ray_slurm_provider.slurm.cli import CliSlurmClient
+    from ray_slurm_provider.slurm.client import PermanentSlurmError, UserJobs
+
+    calls: list[list[str]] = []
+    out = ["12 12\n13_1 14\n13_2 13\n15+0 15\n"]
+
+    def run(argv: list[str], **kw: object) -> proc.Result:
+        calls.append(list(argv))
+        return proc.Result(list(argv), 0, out[0], "")
+
+    monkeypatch.setattr(proc, "run", run)
+    client = CliSlurmClient()
+    assert isinstance(client, UserJobs)
+    assert client.user_job_ids() == {"12", "13_1", "14", "13_2", "13", "15+0", "15"}
+    assert calls[0][1:] == ["--me", "--array", "--noheader", "--states=all", "--format=%i %A"]
+    out[0] = "12 12\n13_[1-3] 13\n"
+    with pytest.raises(PermanentSlurmError, match="cannot parse squeue output"):
+        client.user_job_ids()
+
+
+def test_the_rest_back_end_lists_every_job_of_the_user() -> None:
+    """Any name, any state (COMPLETED 504 too), not another user's (bob's 505)."""
+    from ray_slurm_provider.slurm.client import UserJobs
+    from tests.rest_fakes import client, v41_server
+
+    c = client(v41_server(), user="alice", clock=1762940100 + 600)
+    assert isinstance(c, UserJobs)
+    assert c.user_job_ids() == {"501", "502", "503", "504", "506", "507"}
