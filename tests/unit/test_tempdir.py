@@ -181,3 +181,18 @@ def test_the_rest_back_end_lists_every_job_of_the_user() -> None:
     c = client(v41_server(), user="alice", clock=1762940100 + 600)
     assert isinstance(c, UserJobs)
     assert c.user_job_ids() == {"501", "502", "503", "504", "506", "507"}
+
+
+@pytest.mark.xfail(strict=True, reason="an OSError making the parent escapes the agent")
+def test_a_temp_root_that_cannot_hold_a_dir_ends_the_job_clearly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither the parent nor a fresh dir can be made (the root is a file): the job ends
+    with the reason, agent.json is written, and nothing is removed."""
+    (tmp_path / "tmp").write_text("not a dir")
+    a, started = agent(tmp_path, monkeypatch, [])
+    assert a.main() == 1 and started == []
+    assert "ERROR" in capsys.readouterr().out
+    info = a.ndir.read_agent()
+    assert info is not None and info.temp_dir == ""
+    assert (tmp_path / "tmp").read_text() == "not a dir"
