@@ -52,7 +52,7 @@ def job_dir(temp: str, log: Callable[[str], None]) -> tuple[str, bool]:
     try:
         private_parent(temp)
         return temp, True
-    except RuntimeError as e:
+    except (RuntimeError, OSError) as e:  # refused, or it could not be made
         why = e
     parent = Path(temp).parent
     try:

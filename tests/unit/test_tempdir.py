@@ -183,7 +183,6 @@ def test_the_rest_back_end_lists_every_job_of_the_user() -> None:
     assert c.user_job_ids() == {"501", "502", "503", "504", "506", "507"}
 
 
-@pytest.mark.xfail(strict=True, reason="an OSError making the parent escapes the agent")
 def test_a_temp_root_that_cannot_hold_a_dir_ends_the_job_clearly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
