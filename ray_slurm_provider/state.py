@@ -187,16 +187,16 @@ def _read(path: Path, cls: type[R]) -> R | None:
 
 @dataclass(frozen=True)
 class AgentInfo:
-    """agent.json: the job's node agent runs (so a job step can run there now)."""
+    """agent.json: the job's agent runs (a step can run there now); how `ray exec` enters it."""
 
     host: str
     pid: int
     kind: str  # "head" | "worker"
     job_id: str = ""  # the numeric SLURM_JOB_ID (srun's for an array task); older agents: ""
-    # The node container's binds, GPUs and PATH: `ray exec` enters the container alike.
-    container_mounts: list[str] = field(default_factory=list)
+    container_mounts: list[str] = field(default_factory=list)  # the node container's binds
     container_gpus: list[str] = field(default_factory=list)
     container_path: str = ""
+    temp_dir: str = ""  # the Ray temp dir the agent made (agent/tempdir.py); older agents: ""
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,14 @@ OUTAGE_MESSAGES = {
                       "(connect failure)",
     "node_address": "slurm_load_node error: Unable to contact slurm controller "
                     "(connect failure)",
+    "user_job_ids": "slurm_load_jobs error: Unable to contact slurm controller "
+                    "(connect failure)",
 }
 BAD_PARTITION = "sbatch: error: Batch job submission failed: Invalid partition name specified"
 #: The Slurm command behind each method, as the CLI client names it in its errors.
 COMMANDS = {"submit": "sbatch", "submit_array": "sbatch", "list_jobs": "squeue",
             "cancel": "scancel", "cluster_info": "scontrol", "node_addresses": "scontrol",
-            "node_address": "scontrol"}
+            "node_address": "scontrol", "user_job_ids": "squeue"}
 
 _FINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -187,6 +189,13 @@ class FakeSlurm:
             return [self._view(fj) for fj in self.jobs.values()
                     if fj.job.name == job_name
                     and (fj.job.state in ACTIVE_STATES or fj.job.state == "COMPLETING")]
+
+    def user_job_ids(self) -> set[str]:
+        """Every job still here, in any state (as Slurm lists ended jobs for a while)."""
+        with self._lock:
+            self._enter("user_job_ids")
+            return {i for fj in self.jobs.values()
+                    for i in (fj.job.job_id, fj.job.numeric_id)}
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted({str(j) for j in job_ids})

@@ -13,19 +13,18 @@ only for its node's address and, with a container, which of the cluster's jobs s
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
-from ray_slurm_provider.agent import raylogs
 from ray_slurm_provider.agent.container import NodeContainer
 from ray_slurm_provider.agent.netaddr import node_ip
 from ray_slurm_provider.agent.raystart import ray_start_argv
-from ray_slurm_provider.agent.tempdir import private_parent
+from ray_slurm_provider.agent.tempdir import finish, job_dir, sweep
 from ray_slurm_provider.config import ProviderConfig
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.nodespec import NodeSpec, node_id
@@ -77,6 +76,8 @@ class Agent:
         # Per job, or per member of a gang job (two may share a host: the sandbox's nodes do).
         self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id if spec.group_size == 1 else
                                  f"{self.job_id}.{env['SLURM_NODEID']}")
+        self.temp_ready = False  # the temp dir is this user's own: cleanup may read, remove it
+        self.temp_private = False  # below the private parent `rsp-<uid>` (agent/tempdir.py)
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
@@ -245,15 +246,9 @@ class Agent:
         self.unmark()
         if self.container is not None:
             self.container.remove()
-        try:  # Ray has stopped: its logs are complete. Keep them before the temp dir goes.
-            kept = raylogs.keep(self.temp_dir, self.cdir.ray_logs(self.node_id),
-                                self.spec.ray_logs_max_mb << 20)
-            if kept[0]:
-                log(f"kept {kept[0]} Ray log file(s), {kept[1] >> 10} KiB, in "
-                    f"{self.cdir.ray_logs(self.node_id)}")
-        except OSError as e:
-            log(f"could not keep Ray's logs: {e}")
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if self.temp_ready:  # else it may be another user's (agent/tempdir.py): left alone
+            finish(self.temp_dir, self.cdir.ray_logs(self.node_id),
+                   self.spec.ray_logs_max_mb << 20, log)
 
     def prepare_container(self) -> None:
         """Load the image and sweep containers of this cluster whose job is gone."""
@@ -272,16 +267,32 @@ class Agent:
         except (proc.CommandError, OSError, SlurmError) as e:
             log(f"could not sweep old containers: {e}")
 
+    def make_temp_dir(self) -> str | None:
+        """Take the job's Ray temp dir (tempdir.job_dir); None, or why it cannot be had."""
+        try:
+            self.temp_dir, self.temp_private = job_dir(self.temp_dir, log)
+        except RuntimeError as e:
+            return str(e)
+        self.temp_ready = True
+        if self.container is not None:  # it binds the dir actually used
+            self.container.ctx = replace(self.container.ctx, temp_dir=self.temp_dir)
+        return None
+
     def main(self) -> int:
         threading.Thread(target=self._terminator, daemon=True, name="terminator").start()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
+        error = self.make_temp_dir()
         info = AgentInfo(host=self.env.get("SLURMD_NODENAME", ""), pid=os.getpid(),
-                         kind=self.spec.kind, job_id=self.job_id)
-        self.ndir.write_agent(self.container.recorded(info) if self.container else info)
+                         kind=self.spec.kind, job_id=self.job_id,
+                         temp_dir=self.temp_dir if self.temp_ready else "")
         try:
+            self.ndir.write_agent(self.container.recorded(info) if self.container else info)
+            if self.temp_private:  # a fallback's parent may be another user's: never swept
+                sweep(self.temp_dir, self.slurm, log)
             try:
-                private_parent(self.temp_dir)
+                if error is not None:
+                    raise RuntimeError(error)
                 self.prepare_container()
             except RuntimeError as e:
                 log(f"ERROR: {e}; the job ends")

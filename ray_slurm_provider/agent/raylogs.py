@@ -38,8 +38,9 @@ def _files(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda sp: (sp[0], str(sp[1])))
 
 
-def _copy(src: Path, dst: Path, skip: int) -> int:
-    """Copy `src` from byte `skip` to `dst` (0600); return the bytes written."""
+def _copy(src: Path, dst: Path, skip: int, limit: int) -> tuple[int, bool]:
+    """Copy at most `limit` bytes of `src` from byte `skip` to `dst` (0600); return the bytes
+    written and whether `src` had more (it grew since it was sized)."""
     dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     written = 0
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -48,10 +49,12 @@ def _copy(src: Path, dst: Path, skip: int) -> int:
             fin.seek(skip)
             fout.write(f"[ray-slurm: the first {skip} bytes were cut to stay under "
                        "provider.ray_logs_max_mb]\n".encode())
-        while chunk := fin.read(_CHUNK):
+        # Read up to the limit, not to the end: a process still writing would pass the cap.
+        while written < limit and (chunk := fin.read(min(_CHUNK, limit - written))):
             fout.write(chunk)
             written += len(chunk)
-    return written
+        more = bool(fin.read(1))
+    return written, more
 
 
 def keep(temp_dir: str, dest: Path, max_bytes: int) -> tuple[int, int]:
@@ -70,12 +73,14 @@ def keep(temp_dir: str, dest: Path, max_bytes: int) -> tuple[int, int]:
             continue
         skip = max(0, size - budget)
         try:
-            n = _copy(path, dest / rel, skip)
+            n, more = _copy(path, dest / rel, skip, budget)
         except OSError as e:  # a file Ray removed meanwhile, or one we cannot read
             cut.append(f"{rel}: {e}")
             continue
         if skip:
             cut.append(f"{rel} ({size} bytes): only the last {n} kept")
+        elif more:
+            cut.append(f"{rel}: grew while it was kept; only its first {n} bytes kept")
         budget -= n
         copied += n
         count += 1

@@ -92,11 +92,22 @@ def follow(path: Path, alive: Callable[[], bool], out: TextIO,
         sleep(every)
 
 
+def node_temp_dir(cluster: Cluster, job: str) -> str:
+    """Node `job`'s Ray temp dir: as its agent recorded it, else (older agents) named by the
+    numeric job id (agent.json's: an array task's own), with a gang member's `.<k>`."""
+    agent = cluster.cdir.node(job).read_agent()
+    if agent and agent.temp_dir:  # a fallback dir cannot be computed (agent/tempdir.py)
+        return agent.temp_dir
+    base, k = split(job)
+    numeric = agent.job_id if agent and agent.job_id else base
+    return temp_dir(cluster.pcfg.temp_dir_root, numeric if k is None else f"{numeric}.{k}")
+
+
 def ray_logs(cluster: Cluster, job: str, name: str | None) -> list[str]:
     """The kept Ray logs of `job`: the file list, or the lines of file `name`."""
     root = ray_logs_of(cluster.cdir, job)
     if root is None:
-        tmp = temp_dir(cluster.pcfg.temp_dir_root, job)
+        tmp = node_temp_dir(cluster, job)
         raise CliError(f"no Ray logs kept for job {job} in {cluster.cdir.ray_logs(job)}: they "
                        f"are copied there when the job ends (provider.ray_logs_max_mb); while "
                        f"it runs they are on its node in {tmp}/session_latest/logs/")
@@ -125,19 +136,19 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if job is None:
             print("\n".join(list_logs(cluster)))
             return 0
-        path = cluster.cdir.log(split(job)[0])  # a gang's members share their job's log
+        base = split(job)[0]  # a gang's members share their job's log and Slurm job
+        path = cluster.cdir.log(base)
         if not path.exists() and not args.follow:
             raise CliError(f"no log for job {job} ({path} does not exist)")
         if args.follow:
             def alive() -> bool:
-                return any(j.job_id == job and j.active
+                return any(j.job_id == base and j.active
                            for j in cluster.client.list_jobs(cluster.job_name))
             follow(path, alive, sys.stdout)
         else:
             lines = path.read_text(errors="replace").splitlines()
             print("\n".join(lines[-args.lines:] if args.lines else lines))
-        agent = cluster.cdir.node(job).read_agent()  # an array task's own numeric id
-        tmp = temp_dir(cluster.pcfg.temp_dir_root, agent.job_id if agent else job)
+        tmp = node_temp_dir(cluster, job)
         print(f"# Ray's own logs: on the node in {tmp}/session_latest/logs/ while the job "
               f"runs, then `ray-slurm logs CONFIG {job} --ray`", file=sys.stderr)
         return 0

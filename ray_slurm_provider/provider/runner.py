@@ -151,9 +151,9 @@ class SrunCommandRunner(CommandRunnerInterface):
         # The agent's record: a daemonless runtime starts a second container, which needs
         # the node container's own binds, GPUs and PATH (only the agent in the job knows them).
         agent = self.ndir.read_agent()
-        rctx = RunContext(self.provider.cluster_name, job_id, ncfg.container,
-                          temp_dir(pcfg.temp_dir_root, f"{job_id}.{self.member}" if self.member
-                                   else job_id),
+        tmp = agent.temp_dir if agent and agent.temp_dir else temp_dir(
+            pcfg.temp_dir_root, f"{job_id}.{self.member}" if self.member else job_id)
+        rctx = RunContext(self.provider.cluster_name, job_id, ncfg.container, tmp,
                           str(self.cdir.root), tuple(agent.container_gpus) if agent else (),
                           pcfg.drain_timeout_s, tuple(agent.container_mounts) if agent else (),
                           path=agent.container_path if agent else "", member=self.member)

@@ -166,6 +166,16 @@ class CliSlurmClient:
         return [replace(j, node_addr=addrs.get(j.batch_host, "")) if j.batch_host else j
                 for j in jobs]
 
+    def user_job_ids(self) -> set[str]:
+        """Every id of this user's jobs squeue lists, any name, any state (UserJobs)."""
+        out = self._run("squeue", ["--me", "--array", "--noheader", "--states=all",
+                                   "--format=%i %A"])
+        ids = set(out.split())
+        bad = sorted(i for i in ids if not JOB_ID_RE.match(i))
+        if bad:  # a shorter list would read as "those jobs are gone"
+            raise PermanentSlurmError(f"cannot parse squeue output: {bad[:3]}", command="squeue")
+        return ids
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         """One scancel for all ids; jobs that are already gone are not an error."""
         ids = sorted({str(j).strip() for j in job_ids})

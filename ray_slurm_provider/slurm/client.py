@@ -231,6 +231,17 @@ class EndReader(Protocol):
 
 
 @runtime_checkable
+class UserJobs(Protocol):
+    """A back end that lists every job of this user that Slurm still knows, whatever its name
+    (the agent's sweep of ended jobs' temp dirs, agent/tempdir.py)."""
+
+    def user_job_ids(self) -> set[str]:
+        """The ids of all this user's jobs Slurm lists, in any state: each as squeue names it
+        (123, 123_4) and its numeric id; ONE call; raise on any error."""
+        ...
+
+
+@runtime_checkable
 class ArraySubmitter(Protocol):
     """A back end that submits N identical jobs as ONE Slurm job array (one RPC)."""
 

@@ -148,3 +148,58 @@ def test_cli_logs_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "raylet.out" in capsys.readouterr().out
     assert main(["logs", config, "--ray"]) != 0
     assert "--ray needs a job id" in capsys.readouterr().err
+
+
+def test_follow_a_gang_member_while_its_job_runs_and_name_its_own_temp_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`logs CONFIG J.k -f` follows while job J runs (squeue lists J, not J.k), and the hint
+    names the member's own temp dir `.../J.k`, not its job's."""
+    from ray_slurm_provider.cli.main import main
+    from ray_slurm_provider.slurm.spec import JobSpec
+    from ray_slurm_provider.state import AgentInfo
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    c.cdir.create()
+    job = fake.submit(JobSpec(c.job_name, ["true"]))
+    fake.start(job, "n[1-2]")
+    c.cdir.log(job).write_text("up\n")
+    c.cdir.node(f"{job}.1").write_agent(AgentInfo(host="n2", pid=1, kind="worker", job_id=job))
+    answers: list[bool] = []
+
+    def follow(path: Path, alive: Any, out: Any) -> None:
+        answers.append(alive())
+        fake.finish(job)
+        answers.append(alive())
+
+    monkeypatch.setattr(logs, "load_cluster", lambda path: c)
+    monkeypatch.setattr(logs, "follow", follow)
+    assert main(["logs", str(tmp_path / "c.yaml"), f"{job}.1", "-f"]) == 0
+    assert answers == [True, False]
+    tmp = temp_dir(c.pcfg.temp_dir_root, f"{job}.1")
+    assert f"in {tmp}/session_latest/logs/" in capsys.readouterr().err
+
+
+def test_a_file_that_grows_during_the_copy_stays_under_the_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's daemons may still write while the logs are kept: what is read is capped, not only
+    what was sized."""
+    src = session(tmp_path / "t", {"raylet.out": 300, "gcs_server.out": 2000})
+    sized = raylogs._files
+
+    def then_grown(root: Path) -> list[tuple[int, Path]]:
+        found = sized(root)
+        for name in ("raylet.out", "gcs_server.out"):
+            with (src / name).open("ab") as f:
+                f.write(b"x" * 5000)
+        return found
+
+    monkeypatch.setattr(raylogs, "_files", then_grown)
+    dest = tmp_path / "kept"
+    _, copied = raylogs.keep(str(tmp_path / "t"), dest, max_bytes=1000)
+    bodies = [p.read_bytes().split(b"provider.ray_logs_max_mb]\n")[-1]
+              for p in dest.iterdir() if p.name != raylogs.CUT_FILE]
+    assert copied <= 1000 and sum(map(len, bodies)) == copied
+    assert (dest / "raylet.out").read_bytes().startswith((src / "raylet.out").read_bytes()[:300])
+    assert "raylet.out" in (dest / raylogs.CUT_FILE).read_text()  # said to be cut

@@ -34,7 +34,8 @@ def test_node_files_keep_their_json(tmp_path: Path) -> None:
                                exports={"A": "$B"}, env={"C": "1"}, before=["echo hi"]))
     assert read_json(n.path / "agent.json") == {"host": "n1", "pid": 42, "kind": "worker",
                                                 "job_id": "15", "container_mounts": [],
-                                                "container_gpus": [], "container_path": ""}
+                                                "container_gpus": [], "container_path": "",
+                                                "temp_dir": ""}
     assert read_json(n.path / "ray.json") == {"ip": "10.0.0.1", "job_id": "15"}
     # Keys are only ever added (an older agent ignores the ones it does not know).
     assert read_json(n.path / "start.json") == {

@@ -191,6 +191,19 @@ class RestSlurmClient:
     def list_jobs(self, job_name: str) -> list[Job]:
         if not job_name or "," in job_name:
             raise ValueError(f"job name must be non-empty and without commas: {job_name!r}")
+        jobs = [j for j in self._user_jobs(job_name) if j.state in _LIST_STATES]
+        hosts = {j.batch_host for j in jobs if j.batch_host}
+        if not hosts:
+            return jobs
+        addrs = self._addresses_for(hosts)
+        return [replace(j, node_addr=addrs.get(j.batch_host, "")) for j in jobs]
+
+    def user_job_ids(self) -> set[str]:
+        """Every id of this user's jobs slurmrestd lists, any name, any state (UserJobs)."""
+        return {i for j in self._user_jobs(None) for i in (j.job_id, j.numeric_id)}
+
+    def _user_jobs(self, job_name: str | None) -> list[Job]:
+        """This user's jobs slurmrestd lists (named `job_name` unless None), in any state."""
         _, data = self._call("GET", "jobs", "listing jobs")
         rest_http.raise_errors(data, "listing jobs")
         records = data.get("jobs")
@@ -198,22 +211,12 @@ class RestSlurmClient:
             raise PermanentSlurmError("slurmrestd's job list has no 'jobs' array",
                                       command="slurmrestd")
         now, user = self._clock(), self.user
-        jobs = []
         try:
-            for r in records:
-                if r.get("name") != job_name or r.get("user_name") != user:
-                    continue
-                j = rest_parse.job(r, now)
-                if j.state in _LIST_STATES:
-                    jobs.append(j)
+            return [rest_parse.job(r, now) for r in records if r.get("user_name") == user
+                    and (job_name is None or r.get("name") == job_name)]
         except (ValueError, AttributeError, TypeError) as e:
             raise PermanentSlurmError(f"cannot read slurmrestd's job list: {e}",
                                       command="slurmrestd") from e
-        hosts = {j.batch_host for j in jobs if j.batch_host}
-        if not hosts:
-            return jobs
-        addrs = self._addresses_for(hosts)
-        return [replace(j, node_addr=addrs.get(j.batch_host, "")) for j in jobs]
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted({str(j).strip() for j in job_ids})
