@@ -12,7 +12,7 @@ The one home of the group rules; the provider and its snapshot only call them.
   ask for as instances of the type (`_handle_extra_cloud_instances`); v1 counts them as
   workers of the type. Either scales them down like any other node once idle.
 * Released: terminating a member (the autoscaler found it idle) stops its Ray and ends its
-  task with exit 0 (the `stop` file of its node dir, which its agent watches); the member
+  task with exit 0 (the `released` marker of its node dir, which its agent watches); the member
   leaves the listing at once, and the job is cancelled when its last member is released. So
   a group's allocation ends only when all its nodes were idle. A job whose every member was
   released but which was not cancelled (scancel failed) is listed whole again, as a one-node
@@ -88,12 +88,12 @@ class GangHooks:
         raise NotImplementedError
 
     def released(self, node_id: str) -> bool:
-        return node_id in self._released or self.cluster_dir.node(node_id).stop_requested()
+        return node_id in self._released or self.cluster_dir.node(node_id).released()
 
     def _release(self, member: str) -> None:
         ndir = self.cluster_dir.node(member)
         ndir.path.mkdir(parents=True, exist_ok=True)  # a member whose agent never ran
-        ndir.request_stop()
+        ndir.release()
         self._released.add(member)
 
     def _size(self, job_id: str) -> int:

@@ -4,7 +4,7 @@ A step's processes belong to the step: `ray start` run as one would be orphaned 
 killed with it, so the runner writes the start program into the node's `start.json` and the
 agent in the batch step starts Ray and answers in `result.json` (agent/head.py). `ray stop`
 would kill every Ray process of the user on the node, other clusters' included; it becomes
-the node's `stop` file: "stop this job's Ray".
+the node's `ray-stop` marker: "stop this job's Ray" (state.py).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def stop_ray(ndir: NodeDir, timeout: float = 60.0) -> None:
     """`ray stop`, scoped to this job: the agent stops its own Ray and nothing else."""
     if not ndir.ray_up():
         return
-    ndir.request_stop()
+    ndir.request_ray_stop()
     deadline = time.monotonic() + timeout
     while ndir.ray_up() and time.monotonic() < deadline:
         time.sleep(0.2)

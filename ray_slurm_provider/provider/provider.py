@@ -169,7 +169,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
                 logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
                                job_id)
                 with contextlib.suppress(OSError):
-                    self.cluster_dir.node(node_id).request_stop()
+                    self.cluster_dir.node(node_id).mark_orphan()
             elif node_id not in self._ray_seen and job_id not in crashed:  # before Ray came up
                 crashed.add(job_id)
                 died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = "ray_slurm_provider"
 PKG_DIR = ROOT / PKG
 README = ROOT / "README.md"
-MAX_LINES = 300
+MAX_LINES = 500  # withdrawn 300-line rule: split by responsibility (issue 25)
 MAX_TOP_MODULES = 12
 
 

@@ -103,5 +103,5 @@ def test_a_member_released_before_its_ray_started_never_starts_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, envs = member(tmp_path, monkeypatch, [])
     a.ndir.path.mkdir(parents=True)
-    a.ndir.request_stop()
+    a.ndir.release()
     assert a.main() == 0 and envs == []

@@ -71,7 +71,7 @@ def test_a_released_member_leaves_and_the_job_ends_with_its_last_member(
     p.non_terminated_nodes({})
     p.terminate_node("1000.0")  # idle: released, its Ray stops; the group's job stays
     assert f.cancelled == []
-    assert p.cluster_dir.node("1000.0").stop_requested()
+    assert p.cluster_dir.node("1000.0").released()
     assert p.non_terminated_nodes({}) == ["1000.1"]
     p.terminate_nodes(["1000.1"])  # the last member: the whole job goes
     assert f.cancelled == [["1000"]]
@@ -222,7 +222,7 @@ def test_a_group_we_cancelled_is_no_crash_and_a_reused_job_id_starts_fresh(
     # Slurm's ids start again (a new controller state): old member dirs must not count.
     stale = p.cluster_dir.node("1001.1")
     stale.path.mkdir(parents=True)
-    stale.request_stop()
+    stale.release()
     q, _ = make(tmp_path, FakeSlurm(nodes=fake().nodes.values(), first_id=1001,
                                     partitions=fake().partitions))
     assert sorted(q.create_node(GANG, TAGS, 2)) == ["1001.0", "1001.1"]
