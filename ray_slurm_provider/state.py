@@ -336,6 +336,10 @@ class ClusterDir:
         """NodeDir.ray_up without building one (per node per tick)."""
         return os.path.exists(f"{self._nodes_dir}/{job_id}/{_RAY}")
 
+    def released(self, node_id: str) -> bool:
+        """NodeDir.released (per gang member per changed listing)."""
+        return self.node(node_id).released()
+
     def forget(self, job_ids: list[str]) -> None:
         """Drop the state of nodes that are gone for good."""
         for j in job_ids:
