@@ -111,6 +111,24 @@ def test_a_released_member_stays_released_for_a_new_provider(tmp_path: Path) -> 
     assert f.cancelled == [["1000"]]
 
 
+def test_legacy_stop_files_both_ways(tmp_path: Path) -> None:
+    """For one release (state.py): a release also writes the `stop` an agent of the previous
+    release reads, and a member the previous release's provider released (`stop` alone)
+    stays released for this one."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 4)
+    p.non_terminated_nodes({})
+    p.terminate_node("1000_0.0")
+    assert (p.cluster_dir.node("1000_0.0").path / "stop").exists()
+    old = p.cluster_dir.node("1000_1.1").path
+    old.mkdir(parents=True)
+    (old / "stop").touch()  # the previous release's provider released it
+    q, _ = make(tmp_path, f)
+    assert sorted(q.non_terminated_nodes({})) == ["1000_0.1", "1000_1.0"]
+    q.terminate_node("1000_1.0")
+    assert f.cancelled == [["1000_1"]]
+
+
 def test_autoscaler_v2_adopts_the_members_it_did_not_ask_for(tmp_path: Path) -> None:
     """Ray 2.60's own reconciler steps over the provider: v2 asked for one node of the gang
     type; the group's other member is listed too and becomes an instance of the type."""
