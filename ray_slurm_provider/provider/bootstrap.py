@@ -10,7 +10,6 @@ YAML's initialization, setup and start commands.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -27,7 +26,7 @@ from ray_slurm_provider.cluster import (
     node_types_section,
     parse_cluster,
 )
-from ray_slurm_provider.config import ConfigError, NodeConfig, parse_provider
+from ray_slurm_provider.config import ConfigError, parse_provider
 from ray_slurm_provider.provider import defaults, validation
 from ray_slurm_provider.slurm.client import ClusterInfo
 from ray_slurm_provider.units import MIB, mem_bytes
@@ -109,25 +108,3 @@ def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
         if mem and not ncfg.mem:
             nc.setdefault("mem", f"{mem // MIB}M")
     return config
-
-
-class ConfigHooks:
-    """The NodeProvider hooks Ray calls on the login node with the whole cluster config
-    (SlurmNodeProvider inherits them), and the node types as parsed from it."""
-
-    cluster: ClusterConfig
-
-    def node_config(self, node_type: str) -> NodeConfig:
-        """A node type's Slurm job settings (the command runner builds its steps from them)."""
-        return self.cluster.node_type(node_type).node_config
-
-    @staticmethod
-    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
-        return bootstrap_config(copy.deepcopy(cluster_config))
-
-    @staticmethod
-    def fillout_available_node_types_resources(config: dict[str, Any]) -> dict[str, Any]:
-        return fillout_resources(config)
-
-    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
-        return cluster_config

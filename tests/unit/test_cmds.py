@@ -147,7 +147,7 @@ def test_status_shows_a_gang_as_one_job_with_its_nodes_beneath(tmp_path: Path) -
     c.cdir.create()
     c.cdir.node(f"{gang}.0").write_ray_up(RayUp(ip="127.0.0.3", job_id=gang))
     c.cdir.node(f"{gang}.1").path.mkdir(parents=True)
-    c.cdir.node(f"{gang}.1").request_stop()
+    c.cdir.node(f"{gang}.1").release()
     data = status.status_data(c)
     (row,) = data["nodes"]
     assert row["job_id"] == gang and row["node"] == "n[2-3]"

@@ -344,4 +344,7 @@ def test_the_nodes_a_limit_let_through_are_recorded_and_logged(
     with caplog.at_level("INFO"), pytest.raises(NodeLaunchException):
         p.create_node_with_resources_and_labels({}, WORKER_TAGS, 5, {"CPU": 1}, {})
     assert "Submitted Slurm job(s) 1000, 1001 for workers of node type cpu_worker" in caplog.text
-    assert set(p._born) == {"1000", "1001"} and set(p._nodes) == {"1000", "1001"}
+    from ray_slurm_provider.provider.nodes import Phase
+
+    assert {i for i, r in p._nodes.items() if r.phase is Phase.CREATED} == {"1000", "1001"}
+    assert set(p._nodes) == {"1000", "1001"}
