@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import socket
 from pathlib import Path
@@ -102,6 +103,42 @@ def test_render_builds_every_node_types_script_and_submits_nothing(
     assert "#SBATCH --job-name=ray-sandbox" in head and "#SBATCH --mem=1500M" in head
     assert "#SBATCH --gres=gpu:1" in gpu and "-m ray_slurm_provider.agent " in gpu
     assert fake.calls["submit"] == 0 and not (tmp_path / "state").exists()
+
+
+def gang_cluster(tmp_path: Path) -> Cluster:
+    """The sandbox's cluster with `cpu_worker` a gang of 2 and no `upscaling_speed`."""
+    config = yaml.safe_load(SANDBOX_YAML.read_text())
+    config["provider"]["state_dir"] = str(tmp_path / "state")
+    del config["upscaling_speed"]
+    config["available_node_types"]["cpu_worker"]["node_config"]["nodes"] = 2
+    config["available_node_types"]["cpu_worker"]["max_workers"] = 2
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return load_cluster(str(path))
+
+
+SPEED_NOTE = ("upscaling_speed: not set in the YAML, so `ray up` sets it to 2, the largest "
+              "gang `nodes` (available_node_types.cpu_worker.node_config.nodes)")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.5: an unset upscaling_speed refuses a gang")
+def test_validate_and_render_say_they_set_upscaling_speed_for_a_gang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.5: the speed `ray up` sets is named, and that it speeds up other types too."""
+    fake = FakeSlurm()
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda *_: fake.cluster_info())
+    c = gang_cluster(tmp_path)
+    c.client_factory = lambda pcfg: fake
+    found = validate.validate_findings(c)
+    assert "fail" not in levels(found), found
+    (note,) = [f for f in found if f.what == "upscaling_speed"]
+    assert note.level == "info" and f"upscaling_speed: {note.message}".startswith(SPEED_NOTE)
+    assert "other node types scale up faster too" in note.message
+    assert validate.cmd_render(argparse.Namespace(config=c.path, node_type=None)) == 0
+    out = capsys.readouterr().out
+    assert f"# {SPEED_NOTE}" in out and "other node types scale up faster too" in out
 
 
 def test_status_rows_from_one_listing(tmp_path: Path) -> None:
