@@ -60,6 +60,9 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
                    f"{len(types)} node types match the config model")]
     out += [Finding("info", "defaults", line)
             for line in defaults.describe(cluster.from_defaults, cluster.config)]
+    speed = validation.gang_speed(cluster.config, parsed)
+    if speed is not None:
+        out.append(Finding("info", "upscaling_speed", speed[1].removeprefix("upscaling_speed: ")))
     out += [shown(f, "see the message") for f in mine]
     if unreachable is not None:
         return [*out, unreachable]
@@ -120,6 +123,9 @@ def cmd_render(args: argparse.Namespace) -> int:
                 raise CliError(f"no node type {args.node_type!r} in {args.config}")
         for line in defaults.describe(cluster.from_defaults, cluster.config):
             print(f"# from defaults: {line}")
+        speed = validation.gang_speed(cluster.config, cluster.parsed)
+        if speed is not None:
+            print(f"# {speed[1]}")
         for i, (t, kind, script) in enumerate(scripts):
             if i:
                 print()

@@ -121,7 +121,6 @@ SPEED_NOTE = ("upscaling_speed: not set in the YAML, so `ray up` sets it to 2, t
               "gang `nodes` (available_node_types.cpu_worker.node_config.nodes)")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.5: an unset upscaling_speed refuses a gang")
 def test_validate_and_render_say_they_set_upscaling_speed_for_a_gang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -98,7 +98,6 @@ def two_gangs(speed: float | None) -> dict[str, Any]:
     return c
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.5: an unset upscaling_speed refuses a gang")
 def test_an_unset_upscaling_speed_becomes_the_largest_gang_nodes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26.5: a user who adds `nodes: N` need not know about upscaling_speed: `ray up`
@@ -114,7 +113,6 @@ def test_an_unset_upscaling_speed_becomes_the_largest_gang_nodes(
         SlurmNodeProvider.bootstrap_config(two_gangs(speed=2))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.5: an unset upscaling_speed refuses a gang")
 def test_ray_up_resolves_an_unset_upscaling_speed_for_a_gang(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The whole of `ray up`'s resolution (Ray's defaults, Ray's schema, this provider's
