@@ -112,7 +112,6 @@ def test_which_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert defaults.apply(cluster_yaml()) == {}  # the default files may be absent
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.13: a named file that is missing is skipped")
 def test_a_named_defaults_file_that_is_missing_is_an_error_naming_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,7 +130,6 @@ def test_a_named_defaults_file_that_is_missing_is_an_error_naming_it(
     assert f"{typo}: no such defaults file" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.13: `~` in RAY_SLURM_DEFAULTS is not expanded")
 def test_a_tilde_in_ray_slurm_defaults_is_the_home_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
