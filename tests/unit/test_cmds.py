@@ -117,7 +117,6 @@ def in_order(text: str, *parts: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.17: render shows no commands the job runs")
 def test_render_shows_the_commands_each_job_runs_in_the_order_they_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -129,6 +129,22 @@ def test_ray_up_hands_the_provider_upscaling_speed_only_when_the_yaml_sets_it(
     assert [c.get("upscaling_speed") for c in SeeingProvider.seen] == [None, 4]
 
 
+def test_merge_setup_commands_is_the_merge_of_rays_own_preparation() -> None:
+    """`ray-slurm render` merges as `ray up` does: setup_commands before the head's and the
+    workers' own, once."""
+    commands = {"setup_commands": ["s"], "head_setup_commands": ["h"],
+                "worker_setup_commands": ["w"]}
+    resolved = rayapi.bootstrap_config(config(**commands))
+    merged = dict(commands)
+    rayapi.merge_setup_commands(merged)
+    for key in commands:
+        assert merged[key] == resolved[key]
+    assert merged["worker_setup_commands"] == ["s", "w"]
+    bare: dict[str, Any] = {}
+    rayapi.merge_setup_commands(bare)
+    assert bare == {"setup_commands": [], "head_setup_commands": [], "worker_setup_commands": []}
+
+
 def updater(provider: FakeProvider, **commands: list[str]) -> Any:
     from ray.autoscaler._private.updater import NodeUpdater
 
