@@ -26,7 +26,6 @@ def test_configs_exist() -> None:
     assert {p.name for p in CONFIGS} >= {"sandbox.yaml", "slurm-cpu.yaml", "slurm-gpu.yaml"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.18: slurm-cpu.yaml names the old temp dir")
 def test_the_temp_dir_the_configs_document_is_the_one_jobs_use() -> None:
     """Issue 26.18: slurm-cpu.yaml said `<root>/rsp-<job id>`; the temp dir is
     `<temp_dir_root>/rsp-<uid>/<job id>` (jobs.temp_dir), below the user's private parent."""

@@ -8,8 +8,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_RAY_SLURM = r"""#!/bin/bash
 echo "ray-slurm $*" >> "$DEMO_LOG"
@@ -41,7 +39,6 @@ def run_demo(tmp_path: Path, env: dict[str, str]) -> list[str]:
     return log.read_text().splitlines()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.18: demo.sh takes no port offset")
 def test_demo_takes_the_sandbox_state_dir_and_port_offset(tmp_path: Path) -> None:
     """Issue 26.18: as scripts/test.sh does, demo.sh honours RAY_SLURM_SANDBOX_DIR and
     RAY_SLURM_SANDBOX_PORT_OFFSET (to run beside another sandbox), and says so in its header."""
