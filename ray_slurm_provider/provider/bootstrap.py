@@ -1,8 +1,9 @@
 """What `ray up` does to the cluster config before anything is submitted.
 
 `bootstrap_config` runs the validation pipeline (provider/validation.py: the model, Ray's
-schema, values, and the live cluster: partitions must exist, limits must fit), forces
-self-starting workers, and copies into the provider section what the head's autoscaler needs
+schema, values, and the live cluster: partitions must exist, limits must fit), sets an unset
+`upscaling_speed` to the largest gang `nodes` (validation.gang_speed), forces self-starting
+workers, and copies into the provider section what the head's autoscaler needs
 to build worker jobs: Ray hands a provider only its own section, yet workers must run the
 YAML's initialization, setup and start commands.
 `fillout_resources` fills a node type's omitted `resources` from its Slurm partition.
@@ -60,6 +61,10 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         cluster = validate(config)
     except ConfigError as e:
         raise click.ClickException(f"Invalid cluster config: {e}") from e
+    speed = validation.gang_speed(config, cluster)
+    if speed is not None:  # what the head's autoscaler reads (the resolved config)
+        config["upscaling_speed"] = speed[0]
+        logger.info("%s", speed[1])
     provider = config["provider"]
     provider["disable_node_updaters"] = True
     if "python" not in provider:
