@@ -14,7 +14,6 @@ from tests.fakes import FakeSlurm
 from tests.unit.test_cmds import cluster
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 14: new_run moves a running job's log")
 def test_a_running_jobs_log_never_moves_when_a_new_run_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A second `ray-slurm sbatch` (or `ray up`) moved every log of the cluster to
@@ -45,7 +44,6 @@ def test_a_running_jobs_log_never_moves_when_a_new_run_starts(
     assert capsys.readouterr().out == "still running\n"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 14: logs looks only in logs/")
 def test_logs_finds_a_job_in_an_earlier_run_the_newest_log_of_its_id_first(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Job ids repeat (a controller's state reset): the newest log with the id wins, and
