@@ -8,7 +8,10 @@ longer than "controller unreachable"); its first successful submission clears it
 is held back, a launch fails at once without asking Slurm.
 
 The last error of each node type is kept in `<cluster dir>/errors.json`, which the
-`ray-slurm status` command shows; `ray status` shows the failed launches themselves.
+`ray-slurm status` command shows (a hold-back whose time has passed as past). The file
+outlives the autoscaler that wrote it: when a later one (the next head's) first sees a job of
+a type queued, or Ray come up on one, it clears the earlier entry of the kind that clears.
+`ray status` shows the failed launches themselves.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class LaunchGuard:
         self._clock = clock
         self._lock = threading.Lock()
         self._errors: dict[str, TypeFailure] = {}
+        #: (type, kinds) whose earlier entry in the file is dealt with (`_clear`).
+        self._cleared: set[tuple[str, tuple[str, ...]]] = set()
 
     def check(self, node_type: str) -> None:
         """Raise HeldBack while `node_type` backs off."""
@@ -124,11 +129,39 @@ class LaunchGuard:
     def _clear(self, node_type: str, kinds: tuple[str, ...]) -> None:
         with self._lock:
             err = self._errors.get(node_type)
+            # errors.json may hold an earlier autoscaler's entry (the head before this one):
+            # the first success of each kind per type here clears that too.
+            unseen = (node_type, kinds) not in self._cleared
+            self._cleared.add((node_type, kinds))
             if err is None or err.kind not in kinds:
-                return
-            del self._errors[node_type]
+                err = None
+            else:
+                del self._errors[node_type]
+        if err is None:
+            if unseen:
+                self._drop_earlier(node_type, kinds)
+            return
         logger.info("Node type %s launches again", node_type)
         self._write(node_type, None)
+
+    def _drop_earlier(self, node_type: str, kinds: tuple[str, ...]) -> None:
+        """Remove an earlier process's entry of `node_type` of one of `kinds` from the file."""
+        if self._path is None or not self._path.exists():
+            return
+
+        def drop(old: Any) -> dict[str, Any]:
+            data: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
+            entry = data.get(node_type)
+            if isinstance(entry, dict) and entry.get("kind") in kinds:
+                del data[node_type]
+                logger.info("Node type %s launches again (an earlier autoscaler's error is "
+                            "cleared)", node_type)
+            return data
+
+        try:
+            update_json(self._path, drop)
+        except (OSError, ValueError) as e:
+            logger.warning("Could not update %s: %s", self._path, e)
 
     def error(self, node_type: str) -> TypeFailure | None:
         with self._lock:

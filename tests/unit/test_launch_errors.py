@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from ray_slurm_provider.cli import status
 from ray_slurm_provider.provider.guard import LaunchGuard
 from tests.fakes import FakeClock
@@ -24,7 +22,6 @@ def status_text(path: Path, now: float) -> str:
     return "\n".join(status.status_lines(data, now=now))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 15: a lifted hold-back reads as current")
 def test_a_lifted_hold_back_is_shown_as_past(tmp_path: Path) -> None:
     """`ray-slurm status` said "launch failing ... held back until 08:13:43" long after."""
     clock = FakeClock()
@@ -40,7 +37,6 @@ def test_a_lifted_hold_back_is_shown_as_past(tmp_path: Path) -> None:
     assert LOG_LINE in text
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 15: an earlier autoscaler's entry stays")
 def test_ray_up_on_a_type_clears_an_earlier_autoscalers_error(tmp_path: Path) -> None:
     """After a crash-looping type was fixed and the cluster brought up again, the new head's
     autoscaler (a new LaunchGuard) saw the type's Ray come up, but errors.json kept the old
@@ -55,3 +51,4 @@ def test_ray_up_on_a_type_clears_an_earlier_autoscalers_error(tmp_path: Path) ->
     new.ray_started("cpu_worker")
     new.succeeded("gpu_worker")
     assert json.loads(path.read_text()) == {}
+
