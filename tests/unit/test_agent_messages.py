@@ -29,7 +29,6 @@ class StoppedWhileUp(FakeChild):
             self.a.on_head_gone("the head's Ray stopped")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 18: a cancelled worker logs a failure")
 @pytest.mark.parametrize(("stop", "end_time", "said"), [
     ("term", None, "Ray stopped: the job was cancelled (terminated by the autoscaler, scancel "
      "or `ray down`)"),
@@ -51,7 +50,6 @@ def test_a_worker_told_to_stop_says_so_not_that_ray_failed(
     assert "exited with code" not in out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 18: ray_ended is new")
 def test_ray_ending_on_its_own_still_says_its_exit_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, _ = agent(tmp_path, monkeypatch, [])
