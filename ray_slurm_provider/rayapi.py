@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import sys
 from collections.abc import Mapping
@@ -105,3 +106,57 @@ def resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[st
     available = state.available_resources_per_node()  # type: ignore[no-untyped-call]
     total = state.total_resources_per_node()  # type: ignore[no-untyped-call]
     return available, total
+
+
+def explain_launch_errors() -> bool:
+    """Make autoscaler v2 keep the words of a failed launch; whether it is done.
+
+    Ray 2.60's NodeProviderAdapter records a provider's exception from `create_node` as a
+    LaunchNodeError whose message ends in empty details (the exception only as its
+    `__cause__`); the reconciler then records `launch failed with <that message>`, which is
+    all `ray status -v` shows. Its `poll_errors` is wrapped (once per process) so that each
+    such error carries its cause's words: a NodeLaunchException's `(category) description`."""
+    try:
+        from ray.autoscaler.v2.instance_manager.node_provider import (
+            LaunchNodeError,
+            NodeProviderAdapter,
+        )
+    except ImportError:  # a Ray without autoscaler v2
+        return False
+    poll = NodeProviderAdapter.poll_errors
+    if hasattr(poll, "__wrapped__"):
+        return True
+
+    @functools.wraps(poll)
+    def poll_errors(self: Any) -> list[Any]:
+        return [_explained(e, LaunchNodeError) for e in poll(self)]
+
+    NodeProviderAdapter.poll_errors = poll_errors  # type: ignore[method-assign]
+    return True
+
+
+def _explained(error: Any, launch_node_error: Any) -> Any:
+    """A LaunchNodeError with empty details again, with its cause's words as the details."""
+    cause = error.__cause__
+    if not isinstance(error, launch_node_error) or cause is None or not str(error).endswith(": "):
+        return error
+    words = (f"({cause.category}) {cause.description}" if hasattr(cause, "description")
+             else str(cause))
+    return launch_node_error(error.node_type, error.count, error.request_id, error.timestamp_ns,
+                             details=words, cause=cause)
+
+
+def autoscaler_event(message: str) -> bool:
+    """Add `message` (a warning) to this process's autoscaler event stream; whether there
+    was one. Ray's monitor makes the stream (`logs/events/event_AUTOSCALER.log`); with
+    autoscaler v2 Ray prints it on every driver (`(autoscaler +Ns) ...`), so a Ray job's
+    output (`ray-slurm run`) has it too. Elsewhere (`ray up`, the CLI) nothing is written."""
+    try:
+        from ray._private.event import event_logger
+    except ImportError:
+        return False
+    adapter = event_logger._event_logger.get("AUTOSCALER")  # made by the monitor, if any
+    if adapter is None:
+        return False
+    adapter.warning(message)
+    return True

@@ -70,6 +70,7 @@ class Agent:
         self._ip: str | None = None
         self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
+        self.stop_reason: str | None = None  # why the job was told to stop, if not a signal
         # Set once the TERM has been acted on (the terminator thread); waits end on it.
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -141,6 +142,24 @@ class Agent:
             return False
         head = self.cdir.read_head()
         return self.cdir.teardown_marked() or (head.job_id if head else None) != self.head_job
+
+    def ray_ended(self, code: int) -> str:
+        """What the log says once Ray has exited: a stop the job was told of is no failure
+        (`ray start --block` exits with 1 after the TERM)."""
+        if not self.terminating:
+            return f"Ray exited with code {code}"
+        return f"Ray stopped: {self.stop_reason or self.signal_reason()}"
+
+    def signal_reason(self) -> str:
+        """Why Slurm sent the TERM: its time limit (where Slurm gives the job its end time,
+        SLURM_JOB_END_TIME), else a cancel."""
+        end = self.env.get("SLURM_JOB_END_TIME", "")
+        if end.isdigit() and time.time() >= int(end) - 60:  # Slurm's TERM comes on time
+            return "the job reached its time limit"
+        cancelled = "the job was cancelled (terminated by the autoscaler, scancel or `ray down`)"
+        if self.spec.group_size > 1:  # srun also ends every member when one fails
+            return f"{cancelled}, or another member of its gang ended"
+        return cancelled
 
     def stopping(self) -> bool:
         """`terminating`, read again: the terminator thread sets it at any moment."""

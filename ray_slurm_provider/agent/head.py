@@ -68,7 +68,7 @@ class HeadAgent(Agent):
                     return self.oneshot_code
                 return code or oneshot.CLUSTER_FAILED
             if self.terminating or not self.interrupted:
-                log(f"Ray exited with code {code}; the job ends")
+                log(f"{self.ray_ended(code)}; the job ends")
                 return code
             log("Ray stopped on request; waiting for the next start command")
         return 0

@@ -92,7 +92,7 @@ class WorkerAgent(Agent):
             # Lost: the other members must end too (srun ends them on a non-zero exit).
             log(f"Ray exited with code {code} on its own; ending the whole gang job")
             return code or 1
-        log(f"Ray exited with code {code}; the job ends")
+        log(f"{self.ray_ended(code)}; the job ends")
         return code
 
     def watch_head(self) -> bool:
@@ -107,4 +107,5 @@ class WorkerAgent(Agent):
 
     def on_head_gone(self, reason: str) -> None:
         log(f"{reason}; ending this worker")
+        self.stop_reason = reason
         self.on_term(signal.SIGTERM, None)

@@ -4,8 +4,9 @@
 
 `logs/<job id>.out` holds the node agent's and Ray's start-up output; `--follow` keeps printing
 until the job is gone. `head` is the running head, or the last one after `ray down` or a
-crash. Each `ray up` that creates a head moves the earlier run's logs to `logs/runs/<time>/`
-(provider/runs.py), so job ids that restart (a new sandbox) never mix two runs in one file.
+crash. Each `ray up` that creates a head moves the logs of the jobs Slurm no longer lists to
+`logs/runs/<time>/` (provider/runs.py), so job ids that restart (a new sandbox) never mix two
+runs in one file; a job's log is found by its id wherever it lives, the newest first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ray_slurm_provider.cli.common import (
 )
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.nodespec import split
-from ray_slurm_provider.provider.runs import last_head, ray_logs_of
+from ray_slurm_provider.provider.runs import earlier_run, find_log, last_head, ray_logs_of
 from ray_slurm_provider.slurm.client import JOB_ID_RE
 
 
@@ -137,9 +138,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print("\n".join(list_logs(cluster)))
             return 0
         base = split(job)[0]  # a gang's members share their job's log and Slurm job
-        path = cluster.cdir.log(base)
-        if not path.exists() and not args.follow:
-            raise CliError(f"no log for job {job} ({path} does not exist)")
+        path = find_log(cluster.cdir, base)
+        if path is None and not args.follow:
+            raise CliError(f"no log for job {job} (none in {cluster.cdir.logs} nor in an "
+                           "earlier run's logs/runs/*/)")
+        path = path or cluster.cdir.log(base)  # --follow waits for this run's
+        if earlier_run(cluster.cdir, path):
+            print(f"# job {base}: an earlier run's log ({path})", file=sys.stderr)
         if args.follow:
             def alive() -> bool:
                 return any(j.job_id == base and j.active

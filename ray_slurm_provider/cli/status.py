@@ -4,13 +4,15 @@ Asks the controller ONE question (the cluster's job list, as the provider does) 
 rest from the cluster directory: which node's Ray is up, the tags Ray set, the head's
 addresses. Pending jobs show Slurm's reason and its estimated start time. Then one question
 to accounting (sacct): how the last N nodes that left the queue ended; without accounting it
-says so.
+says so. Last, each node type's last launch error (errors.json, provider/guard.py): "launch
+failing" while the type is held back, "last launch error" once its hold-back has run out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
@@ -108,10 +110,15 @@ def status_data(cluster: Cluster, ended: int = 0) -> dict[str, Any]:
     rows = node_rows(cluster, jobs)
     head = cluster.cdir.read_head()
     errors = read_json(cluster.cdir.root / "errors.json")  # provider/guard.py
+    errors = errors if isinstance(errors, dict) else {}
+    now = time.time()
+    for entry in errors.values():  # for --json: a hold-back that ran out is past
+        if isinstance(entry, dict):
+            entry["held_back_now"] = held_back(entry, now)
     return {"cluster": cluster.name, "job_name": cluster.job_name, "nodes": rows,
             "other_jobs": len(jobs) - len(rows),
             "head": head.to_dict() if head else None,
-            "launch_errors": errors if isinstance(errors, dict) else {},
+            "launch_errors": errors,
             "ended": ended_data(cluster, ended)}
 
 
@@ -131,18 +138,32 @@ def ended_lines(data: dict[str, Any]) -> list[str]:
             *table(["JOB", "ENDED", "AT", "NODE", "REASON"], body)]
 
 
-def error_lines(data: dict[str, Any]) -> list[str]:
-    """The last launch error of each node type that is being held back."""
-    return [f"{t}: launch failing ({e.get('kind')}, {e.get('failures')} in a row; held back "
-            f"until {e.get('retry_after')}): {e.get('message')}"
-            for t, e in sorted(data.get("launch_errors", {}).items())]
+def held_back(entry: dict[str, Any], now: float) -> bool:
+    """Whether an errors.json entry's hold-back lasts at `now` (epoch seconds)."""
+    return float(entry.get("retry_after_ts") or 0.0) > now
 
 
-def status_lines(data: dict[str, Any]) -> list[str]:
+def error_lines(data: dict[str, Any], now: float | None = None) -> list[str]:
+    """The last launch error of each node type: as current while the type is held back, as
+    past once its hold-back has run out (its launches are tried again)."""
+    now = time.time() if now is None else now
+    out = []
+    for t, e in sorted(data.get("launch_errors", {}).items()):
+        what = f"{e.get('kind')}, {e.get('failures')} in a row"
+        if held_back(e, now):
+            out.append(f"{t}: launch failing ({what}; held back until {e.get('retry_after')}): "
+                       f"{e.get('message')}")
+        else:
+            out.append(f"{t}: last launch error at {e.get('last_failed')} ({what}; no longer "
+                       f"held back since {e.get('retry_after')}): {e.get('message')}")
+    return out
+
+
+def status_lines(data: dict[str, Any], now: float | None = None) -> list[str]:
     rows = data["nodes"]
     if not rows:
         return [f"cluster {data['cluster']!r}: no Slurm jobs named {data['job_name']} "
-                "(the cluster is down; `ray up CONFIG` starts it)", *error_lines(data),
+                "(the cluster is down; `ray up CONFIG` starts it)", *error_lines(data, now),
                 *ended_lines(data)]
     headers = ["TYPE", "KIND", "JOB", "STATE", "NODE", "ADDRESS", "RAY", "RESOURCES",
                "TIME LEFT", "PENDING REASON (EST. START)"]
@@ -166,7 +187,7 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     if data["other_jobs"]:
         out.append(f"({data['other_jobs']} other jobs named {data['job_name']} were not "
                    "created by ray-slurm)")
-    return [*out, *error_lines(data), *ended_lines(data)]
+    return [*out, *error_lines(data, now), *ended_lines(data)]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -8,7 +8,12 @@ longer than "controller unreachable"); its first successful submission clears it
 is held back, a launch fails at once without asking Slurm.
 
 The last error of each node type is kept in `<cluster dir>/errors.json`, which the
-`ray-slurm status` command shows; `ray status` shows the failed launches themselves.
+`ray-slurm status` command shows (a hold-back whose time has passed as past). The file
+outlives the autoscaler that wrote it: when a later one (the next head's) first sees a job of
+a type queued, or Ray come up on one, it clears the earlier entry of the kind that clears.
+`ray status` shows the failed launches themselves (with their words: provider/submit.py), and
+the autoscaler's event stream, which Ray prints on the driver, hears of each failure and, at
+most once a minute, of a type still held back (rayapi.autoscaler_event).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.retry import exponential
 from ray_slurm_provider.slurm.client import EndReader, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.sacct import NOT_ITS_FAULT
@@ -34,6 +40,8 @@ MAX_DELAY_S = 600.0
 #: Failures in a row that cost no backoff: one job that could not start Ray (a busy node:
 #: "timed out during startup", after its own retries) is bad luck; two in a row are a pattern.
 FREE_FAILURES = {"crashed": 1}
+#: How often the autoscaler's event stream is told again that a type is still held back.
+TELL_EVERY_S = 60.0
 #: What Ray shows as the category of a failed launch (NodeLaunchException, < 20 chars).
 CATEGORY = {"rejected": "SlurmRejected", "crashed": "JobDiedAtStart",
             "unavailable": "SlurmUnavailable"}
@@ -75,13 +83,18 @@ class HeldBack(Exception):
 class LaunchGuard:
     """Thread-safe per-type backoff; `clock` is injectable for tests (epoch seconds)."""
 
-    def __init__(self, errors_path: Path | None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, errors_path: Path | None, clock: Callable[[], float] = time.time,
+                 tell: Callable[[str], object] = rayapi.autoscaler_event) -> None:
         self.arrays_refused = False  # the site said no to a job array: single jobs
         self.max_array = 1 << 30  # the largest array to try: halved when Slurm refuses one
         self._path = errors_path
         self._clock = clock
         self._lock = threading.Lock()
         self._errors: dict[str, TypeFailure] = {}
+        self._tell = tell  # the driver's autoscaler events (rayapi.autoscaler_event)
+        self._told: dict[str, float] = {}  # type -> when the events last heard of it
+        #: (type, kinds) whose earlier entry in the file is dealt with (`_clear`).
+        self._cleared: set[tuple[str, tuple[str, ...]]] = set()
 
     def check(self, node_type: str) -> None:
         """Raise HeldBack while `node_type` backs off."""
@@ -92,8 +105,14 @@ class LaunchGuard:
                 return
             err.held_back += 1
             snapshot = err.view()
+            remind = now - self._told.get(node_type, float("-inf")) >= TELL_EVERY_S
+            if remind:
+                self._told[node_type] = now
         self._write(node_type, snapshot)  # `ray-slurm status` shows the refusals as they come
-        raise HeldBack(node_type, err, now)
+        held = HeldBack(node_type, err, now)
+        if remind:  # Ray prints its own "Adding N node(s)" every tick, never why they fail
+            self._tell(f"{held}; see `ray-slurm status`")
+        raise held
 
     def failed(self, node_type: str, message: str, kind: str) -> float:
         """Record a failure; return how long the type is now held back."""
@@ -108,9 +127,13 @@ class LaunchGuard:
                 kind, message.strip(), n, old.first_failed if old else now, now, now + delay,
                 old.held_back if old else 0)
             snapshot = self._errors[node_type].view()
+            self._told[node_type] = now
         logger.warning("Launch of node type %s failed (%s, %d in a row); holding it back for "
                        "%.0fs: %s", node_type, kind, n, delay, message.strip())
         self._write(node_type, snapshot)
+        until = f"held back until {time.strftime('%H:%M:%S', time.localtime(now + delay))}"
+        self._tell(f"Launch of node type {node_type} failed ({kind}, {n} in a row); "
+                   f"{until if delay else 'tried again'}: {message.strip()}")
         return delay
 
     def succeeded(self, node_type: str) -> None:
@@ -124,11 +147,39 @@ class LaunchGuard:
     def _clear(self, node_type: str, kinds: tuple[str, ...]) -> None:
         with self._lock:
             err = self._errors.get(node_type)
+            # errors.json may hold an earlier autoscaler's entry (the head before this one):
+            # the first success of each kind per type here clears that too.
+            unseen = (node_type, kinds) not in self._cleared
+            self._cleared.add((node_type, kinds))
             if err is None or err.kind not in kinds:
-                return
-            del self._errors[node_type]
+                err = None
+            else:
+                del self._errors[node_type]
+        if err is None:
+            if unseen:
+                self._drop_earlier(node_type, kinds)
+            return
         logger.info("Node type %s launches again", node_type)
         self._write(node_type, None)
+
+    def _drop_earlier(self, node_type: str, kinds: tuple[str, ...]) -> None:
+        """Remove an earlier process's entry of `node_type` of one of `kinds` from the file."""
+        if self._path is None or not self._path.exists():
+            return
+
+        def drop(old: Any) -> dict[str, Any]:
+            data: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
+            entry = data.get(node_type)
+            if isinstance(entry, dict) and entry.get("kind") in kinds:
+                del data[node_type]
+                logger.info("Node type %s launches again (an earlier autoscaler's error is "
+                            "cleared)", node_type)
+            return data
+
+        try:
+            update_json(self._path, drop)
+        except (OSError, ValueError) as e:
+            logger.warning("Could not update %s: %s", self._path, e)
 
     def error(self, node_type: str) -> TypeFailure | None:
         with self._lock:

@@ -262,7 +262,8 @@ class SlurmNodeProvider(NodeProvider):
             auth.ensure_token(self.cluster_dir.root)
         if head:
             self.cluster_dir.clear_teardown()
-            runs.new_run(self.cluster_dir)  # job ids may restart: keep runs' logs apart
+            listed = self.slurm.list_jobs(job_name(self.cluster_name))  # their logs stay
+            runs.new_run(self.cluster_dir, [j.job_id for j in listed])  # ids may restart
         n = nt.node_config.nodes  # a gang type: whole groups of n nodes, one job each
         ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec,
                                     {**tags, GROUP_TAG: str(n)} if n > 1 else tags, node_type,

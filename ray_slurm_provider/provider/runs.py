@@ -1,27 +1,37 @@
-"""Runs of a cluster: each `ray up` that creates a head starts one.
+"""Runs of a cluster: each `ray up` (or `ray-slurm sbatch`) that creates a head starts one.
 
-Job ids are not unique over time (a new sandbox starts again at 1, and sites wrap around), so
-the logs of an earlier run move to `logs/runs/<time>/` before a new head is submitted, and the
-head's job id is recorded (`last_head`) so that its log can be found after the head is gone.
+Job ids are not unique over time (a new sandbox starts again at 1, a controller whose state
+was reset, sites that wrap around), so before a new head is submitted the logs of the jobs
+Slurm no longer lists move to `logs/runs/<time>/`: a new job can never write into an ended
+job's file. The log of a job Slurm still lists stays where that job writes it (Slurm opened
+`logs/<id>.out` when the job started; a moved file would leave `logs/<id>.out` missing while
+the job runs on): its id cannot be given to a new job while it is listed, and it moves with
+a later run once the job has ended. A log is found by its job id wherever it lives: this
+run's first, else the newest earlier run's with that id (`find_log`). The head's job id is
+recorded (`last_head`) so that its log can be found after the head is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
+from ray_slurm_provider.nodespec import split
 from ray_slurm_provider.state import ClusterDir
 
 _LAST_HEAD = "last_head"
 
 
-def new_run(cdir: ClusterDir) -> Path | None:
-    """Move the earlier run's logs (job logs and kept Ray logs) aside (a file still being
-    written follows the move); return where they went, if there were any."""
-    old = sorted(cdir.logs.glob("*.out"))
+def new_run(cdir: ClusterDir, listed: Iterable[str]) -> Path | None:
+    """Move the logs (job logs and kept Ray logs) of jobs not in `listed` (the ids Slurm
+    lists for the cluster now) aside; return where they went, if there were any."""
+    live = set(listed)
     ray_logs = cdir.ray_logs("x").parent
-    if not old and not ray_logs.is_dir():
+    old = [f for f in sorted(cdir.logs.glob("*.out")) if f.stem not in live]
+    kept = [d for d in sorted(ray_logs.glob("*")) if split(d.name)[0] not in live]
+    if not old and not kept:
         return None
     dest = cdir.logs / "runs" / time.strftime("%Y%m%d-%H%M%S")
     n = 0
@@ -31,9 +41,23 @@ def new_run(cdir: ClusterDir) -> Path | None:
     dest.mkdir(parents=True, mode=0o700)
     for f in old:
         f.rename(dest / f.name)
-    if ray_logs.is_dir():
-        ray_logs.rename(dest / ray_logs.name)
+    if kept:
+        (dest / ray_logs.name).mkdir()
+    for d in kept:
+        d.rename(dest / ray_logs.name / d.name)
     return dest
+
+
+def find_log(cdir: ClusterDir, job_id: str) -> Path | None:
+    """Job `job_id`'s log: the newest file of that name, this run's or an earlier run's."""
+    found = [p for p in (cdir.log(job_id), *cdir.logs.glob(f"runs/*/{job_id}.out"))
+             if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def earlier_run(cdir: ClusterDir, path: Path) -> bool:
+    """Whether a log found by `find_log` is an earlier run's."""
+    return path.parent != cdir.logs
 
 
 def ray_logs_of(cdir: ClusterDir, job_id: str) -> Path | None:

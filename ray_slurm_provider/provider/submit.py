@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.provider.guard import CATEGORY, HeldBack, LaunchGuard
 from ray_slurm_provider.slurm.client import (
@@ -57,15 +58,21 @@ class Strays:
 
 def launch_error(head: bool, category: str, description: str) -> Exception:
     """What to raise for a failed launch: `ray up` prints a ClickException as one clean
-    "Error: ..." line and exits non-zero; the autoscalers record a NodeLaunchException (v1's
-    availability tracker; v2 marks the request ALLOCATION_FAILED, shown by `ray status`)."""
+    "Error: ..." line and exits non-zero; the autoscalers record a NodeLaunchException. v1
+    shows its category and description in `ray status` (`-v`) and prints them on the driver;
+    v2 marks the request ALLOCATION_FAILED, shown by `ray status`, with the words only
+    through rayapi.explain_launch_errors (installed here, before v2 polls the error)."""
     if head:
         import click
 
         return click.ClickException(description)
     from ray.autoscaler.node_launch_exception import NodeLaunchException
 
-    return NodeLaunchException(category, description, None)
+    rayapi.explain_launch_errors()
+    # v1 puts the description into a str.format template (its event summary): a brace from
+    # a job's log line would raise there.
+    words = description.replace("{", "(").replace("}", ")")
+    return NodeLaunchException(category, words, None)
 
 
 class ArraysRefused(PermanentSlurmError):

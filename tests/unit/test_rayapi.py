@@ -255,3 +255,62 @@ def test_config_schema_is_the_one_rays_validate_config_applies() -> None:
     assert "no_such_key" in ours.value.message and ours.value.message == rays.value.message
     assert ours.value.schema == rays.value.schema
     jsonschema.validate(config(), rayapi.config_schema())
+
+
+class RaisingProvider(FakeProvider):
+    """A provider whose every launch fails with a NodeLaunchException."""
+
+    def create_node_with_resources_and_labels(self, node_config: dict[str, Any],
+                                              tags: dict[str, str], count: int,
+                                              resources: dict[str, float],
+                                              labels: dict[str, str]) -> dict[str, Any]:
+        from ray.autoscaler.node_launch_exception import NodeLaunchException
+
+        raise NodeLaunchException("JobDiedAtStart", "the job's last line", None)
+
+
+def test_v2_drops_a_launch_errors_words_unless_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rayapi.explain_launch_errors: Ray 2.60's NodeProviderAdapter keeps the provider's
+    exception only as the LaunchNodeError's __cause__ (empty details), and the reconciler
+    records str(error); wrapped, the error's message ends in the cause's words."""
+    from ray.autoscaler.v2.instance_manager.node_provider import NodeProviderAdapter
+
+    from tests.unit.test_launch_errors import ConfigReader
+
+    poll = NodeProviderAdapter.poll_errors
+    monkeypatch.setattr(NodeProviderAdapter, "poll_errors", getattr(poll, "__wrapped__", poll))
+
+    def failed_launch() -> str:
+        adapter = NodeProviderAdapter(RaisingProvider({}, "c"), ConfigReader())  # type: ignore[arg-type]
+        adapter.launch({"w": 2}, "req-1")
+        adapter._main_executor.shutdown(wait=True)
+        adapter._node_launcher_executors.shutdown(wait=True)
+        (error,) = adapter.poll_errors()
+        assert error.node_type == "w" and error.count == 2 and error.request_id == "req-1"
+        return str(error)
+
+    assert failed_launch() == "Failed to launch 2 nodes of type w with request id req-1: "
+    assert rayapi.explain_launch_errors() and rayapi.explain_launch_errors()  # once
+    assert failed_launch() == ("Failed to launch 2 nodes of type w with request id req-1: "
+                               "(JobDiedAtStart) the job's last line")
+
+
+def test_autoscaler_event_goes_into_the_monitors_event_stream(tmp_path: Path) -> None:
+    """rayapi.autoscaler_event: the event logger Ray's monitor makes for the AUTOSCALER
+    source is kept per process under that name, and its file holds one JSON event a line."""
+    from ray._private.event import event_logger
+    from ray.core.generated.event_pb2 import Event
+
+    assert not rayapi.autoscaler_event("nobody listens")  # no monitor in this process
+    event_logger.get_event_logger(Event.SourceType.AUTOSCALER, str(tmp_path))
+    try:
+        assert rayapi.autoscaler_event("type w is held back")
+    finally:
+        adapter = event_logger._event_logger.pop("AUTOSCALER")
+        for handler in adapter.logger.handlers[:]:
+            adapter.logger.removeHandler(handler)
+            handler.close()
+    (line,) = (tmp_path / "events" / "event_AUTOSCALER.log").read_text().splitlines()
+    event = event_logger.parse_event(line)
+    assert event is not None and event.message == "type w is held back"
+    assert event.severity == Event.Severity.WARNING

@@ -122,8 +122,10 @@ def test_a_new_run_moves_kept_ray_logs_aside_and_they_stay_readable(tmp_path: Pa
     c.cdir.create()
     (c.cdir.ray_logs("1")).mkdir(parents=True)
     (c.cdir.ray_logs("1") / "raylet.out").write_text("first run\n")
-    dest = runs.new_run(c.cdir)
+    (c.cdir.ray_logs("2.1")).mkdir(parents=True)  # a member of gang job 2, still listed
+    dest = runs.new_run(c.cdir, ["2"])
     assert dest is not None and (dest / "ray-logs" / "1" / "raylet.out").exists()
+    assert c.cdir.ray_logs("2.1").is_dir()
     assert not c.cdir.ray_logs("1").exists()
     assert logs.ray_logs(c, "1", "raylet.out") == ["first run"]  # the newest earlier run's
 
