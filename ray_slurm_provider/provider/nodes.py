@@ -1,7 +1,9 @@
 """The provider's state: one record per Ray node, and how one listing moves the records on.
 
-`advance` is pure apart from the file readers it is given, so every rule is tested on recorded
-listings without Slurm; the provider calls it under its lock and acts on its events.
+`advance` asks nothing of Slurm and reads files only through the readers it is given, so
+every rule is tested on recorded listings without Slurm. It updates unchanged records in place
+(their job, a GHOST's phase) rather than copying 10,000 of them per tick, so the provider calls
+it under its lock and acts on its events afterwards.
 
 | state      | event                                                  | next        | who       |
 |------------|--------------------------------------------------------|-------------|-----------|
