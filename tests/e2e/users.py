@@ -8,6 +8,7 @@ checkout and the same Ray into the sandbox's shared software dir with Debian's P
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -48,6 +49,11 @@ def user_venv(sb: Sandbox) -> Path:
         _pip(venv, f"ray[default]=={ray.__version__}")
         stamp.write_text(ray.__version__)
     _pip(venv, "--no-deps", "--force-reinstall", str(ROOT))
+    # The package's own requirements (psutil, filelock, ...) as the test's environment has
+    # them installed: the checkout may need more than the venv was built with.
+    deps = [d for d in importlib.metadata.requires("ray-slurm-provider") or []
+            if "extra ==" not in d and not d.startswith("ray[")]
+    _pip(venv, *deps)
     return venv
 
 
