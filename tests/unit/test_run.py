@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 from ray.job_submission import JobStatus
 
 from ray_slurm_provider.cli import run
 from ray_slurm_provider.cli.common import CliError, Cluster
 from ray_slurm_provider.cli.main import main
+from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import HeadInfo
 from tests.fakes import FakeSlurm
@@ -241,3 +243,21 @@ def test_the_job_client_carries_the_clusters_token_in_its_header(
     oneshot.job_client(w.cluster.cdir, head, "disabled")
     assert made == [("http://127.0.0.2:8265", {"Authorization": "Bearer s3cret"}),
                     ("http://127.0.0.2:8265", {})]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.1: only a head with head.json was seen")
+@pytest.mark.parametrize("state", ["PENDING", "CONFIGURING", "RUNNING"])
+def test_a_head_not_up_yet_is_refused_with_its_job_and_state(tmp_path: Path,
+                                                             state: str) -> None:
+    """Issue 26.1: `running_head` saw a head only once head.json existed (Ray up), so a second
+    `run` while the first head was still queued brought up the same cluster twice."""
+    w = World(tmp_path, FakeJobs([Info(JobStatus.SUCCEEDED)]))
+    head = w.slurm.submit(JobSpec(job_name=w.cluster.job_name, command=["x"]),
+                          comment=encode_tags({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
+    if state != "PENDING":
+        w.slurm.start(head)
+        w.slurm.set_state(head, state)
+    for reuse in (False, True):
+        with pytest.raises(CliError, match=rf"head job {head} is {state}"):
+            w.runner(reuse=reuse).run()
+    assert w.calls == [] and w.jobs.submitted == []

@@ -5,6 +5,8 @@ exit code. The sandbox test is tests/e2e/test_oneshot.py."""
 from __future__ import annotations
 
 import io
+import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +23,12 @@ from ray_slurm_provider.agent.head import HeadAgent
 from ray_slurm_provider.cli import sbatch
 from ray_slurm_provider.cli.main import main
 from ray_slurm_provider.cli.run import Plan
+from ray_slurm_provider.cluster import NAME_RE
 from ray_slurm_provider.nodespec import NodeSpec
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.slurm.spec import JobSpec
-from ray_slurm_provider.state import HeadInfo, StartRequest
+from ray_slurm_provider.state import ClusterDir, HeadInfo, StartRequest
 from tests.fakes import FakeSlurm
 from tests.unit.test_cmds import cluster as make_cluster
 
@@ -228,3 +231,116 @@ def test_a_failing_submission_still_ends_the_one_shot_head(
     monkeypatch.setattr(oneshot, "job_client", lambda *a: Refusing())
     assert a.main() == oneshot.CLUSTER_FAILED
     assert ray.signalled  # the agent stopped Ray itself: the job ends now, not at walltime
+
+
+def sbatch_cli(c: Any, fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    """`ray-slurm sbatch CONFIG ARGV...` against FakeSlurm (Slurm offline for bootstrap)."""
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info", offline)
+    monkeypatch.setattr("ray_slurm_provider.provider.provider.make_client", lambda pcfg: fake)
+    for cmd in ("sbatch", "status", "logs"):
+        monkeypatch.setattr(f"ray_slurm_provider.cli.{cmd}.load_cluster",
+                            lambda path, **kw: c)
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # cmd_sbatch prepends to it
+    return main(["sbatch", str(c.path), *argv])
+
+
+def run_ids(err: str) -> list[str]:
+    return re.findall(r"--run (\S+)", err)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
+def test_each_sbatch_run_is_its_own_cluster_and_runs_queue_side_by_side(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.1: a second `sbatch` of one YAML while the first head is PENDING was taken
+    under the same cluster name, so the first run's end cancelled the second's head."""
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    assert sbatch_cli(c, fake, monkeypatch, "--", "python", "a.py") == 0
+    assert sbatch_cli(c, fake, monkeypatch, "--", "python", "b.py") == 0
+    out = capsys.readouterr()
+    heads, rids = out.out.split(), run_ids(out.err)
+    assert len(heads) == 2 and len(set(rids)) == 2, out
+    names = [fake.job(h).name for h in heads]
+    assert names == [f"{c.job_name}-{r}" for r in rids]  # its own jobs, its own teardown
+    for head, rid, entry in zip(heads, rids, ("a.py", "b.py"), strict=True):
+        cdir = ClusterDir(str(tmp_path / "state"), f"{c.name}-{rid}")
+        req = cdir.node(head).read_start()
+        assert req is not None and req.entrypoint == ["python", entry]
+    assert not c.cdir.node(heads[0]).path.exists()  # nothing in the config's own dir
+    # The first run's head ends its cluster: the second run's queued head stays.
+    spec = NodeSpec(kind="head", node_type="head", cluster_name=f"{c.name}-{rids[0]}",
+                    state_dir=str(tmp_path / "state"), ports_base=25000)
+    a = HeadAgent(spec, {"SLURM_JOB_ID": heads[0], "HOME": str(tmp_path)})
+    a.slurm = fake
+    a.end_cluster(StartRequest(id="r", entrypoint=["python", "a.py"]))
+    assert fake.job(heads[1]).state == "PENDING"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
+def test_a_run_name_fits_the_cluster_name_rules(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    c.config["cluster_name"] = "x" * 63
+    assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
+    out = capsys.readouterr()
+    (rid,) = run_ids(out.err)
+    name = fake.job(out.out.strip()).name.removeprefix("ray-")
+    assert NAME_RE.match(name) and name.endswith(f"-{rid}") and len(name) == 63
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
+def test_status_and_logs_name_a_run_by_its_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
+    out = capsys.readouterr()
+    head, (rid,) = out.out.strip(), run_ids(out.err)
+    assert f"ray-slurm logs {c.path} --run {rid} head -f" in out.err
+    assert main(["status", str(c.path), "--run", rid, "--ended", "0"]) == 0
+    assert head in capsys.readouterr().out
+    ClusterDir(str(tmp_path / "state"), f"{c.name}-{rid}").log(head).write_text("RUN LOG\n")
+    for ref in (rid, f"{c.name}-{rid}"):  # the run id or the run's cluster name
+        assert main(["logs", str(c.path), "--run", ref, "head"]) == 0
+        assert "RUN LOG" in capsys.readouterr().out
+    assert main(["status", str(c.path), "--run", "nosuch"]) == 2
+    assert f"no one-shot run 'nosuch' of {c.name!r}" in capsys.readouterr().err
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
+def test_a_pinned_port_base_is_refused_while_another_run_lives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake, ports={"base": 30000})
+    assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
+    head = capsys.readouterr().out.strip()
+    assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 2
+    err = capsys.readouterr().err
+    assert "provider.ports.base" in err and f"head job {head} PENDING" in err, err
+    assert len(fake.submitted) == 1
+    fake.finish(head)
+    assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.1: no per-run dirs, nothing kept or pruned")
+def test_only_the_newest_ended_runs_are_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake, oneshot_runs_kept=2)
+    for _ in range(4):
+        assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
+        fake.clock.advance(1)
+    out = capsys.readouterr()
+    heads, rids = out.out.split(), run_ids(out.err)
+    for h in heads[:3]:  # the last one still runs
+        fake.finish(h)
+    assert main(["status", str(c.path), "--ended", "0"]) == 0
+    left = {p.name for p in (tmp_path / "state").iterdir()}
+    assert {f"{c.name}-{r}" for r in rids[1:]} <= left
+    assert f"{c.name}-{rids[0]}" not in left
