@@ -27,8 +27,10 @@ from typing import Any, TextIO
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.agent import oneshot
+from ray_slurm_provider.cli import oneshots
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
-from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.slurm.client import Job, SlurmError
 
 CLUSTER_FAILED = oneshot.CLUSTER_FAILED
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
@@ -123,6 +125,18 @@ def running_head(cluster: Cluster) -> str | None:
     return head.job_id if any(j.job_id == head.job_id and j.active for j in jobs) else None
 
 
+def starting_head(cluster: Cluster, up: str | None) -> Job | None:
+    """A head job of the cluster that Slurm lists but that is not up (PENDING, CONFIGURING,
+    or running while Ray starts): a second `ray up` now would bring up the same cluster."""
+    from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+
+    for j in cluster.client.list_jobs(cluster.job_name):
+        tags = decode_tags(j.comment) or {}
+        if j.active and j.job_id != up and tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            return j
+    return None
+
+
 def own_env() -> dict[str, str]:
     """Our environment with this Python's bin dir first on PATH. The head job inherits it:
     an entrypoint's `python` is then the one `ray-slurm` runs in, even if not activated."""
@@ -163,9 +177,15 @@ class Runner:
 
     def run(self) -> int:
         try:
+            oneshots.sweep(self.cluster)
             up = running_head(self.cluster)
+            starting = starting_head(self.cluster, up)
         except SlurmError as e:
             raise CliError(f"cannot ask Slurm whether the cluster is up: {e}") from e
+        if starting is not None:
+            raise CliError(f"cluster {self.cluster.name!r} is not up yet: its head job "
+                           f"{starting.job_id} is {starting.state}; wait until it is up "
+                           f"(then add --reuse), or cancel it: ray down -y {self.plan.config}")
         if up and not self.plan.reuse:
             raise CliError(f"cluster {self.cluster.name!r} is already up (head job {up}); "
                            "add --reuse to run on it, or `ray down` it first")

@@ -107,8 +107,9 @@ def sbatch(c: RayCluster, code: str) -> Run:
                         stdin=subprocess.DEVNULL, check=False)
     took = time.monotonic() - t0
     assert cp.returncode == 0 and cp.stdout.strip().isdigit(), (cp.stdout, cp.stderr)
-    m = re.search(r"--run (\S+)", cp.stderr)
-    name = f"{c.name}-{m.group(1)}" if m else c.name  # before issue 26.1: the config's
+    m = re.search(r"ray-slurm sbatch: run (\S+) ", cp.stderr)
+    assert m, cp.stderr
+    name = f"{c.name}-{m.group(1)}"
     return Run(cp.stdout.strip(), took, name, ClusterDir(str(c.state_dir), name))
 
 
@@ -163,7 +164,6 @@ def test_scancel_of_a_one_shot_head_ends_everything(sandbox: object, tmp_path: P
             run.cleanup()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
 def test_two_sbatch_runs_of_one_yaml_queued_back_to_back_both_finish(
         sandbox: object, tmp_path: Path) -> None:
     """Issue 26.1: the first run's end cancelled every job of the cluster's name, the second

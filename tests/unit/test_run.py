@@ -245,7 +245,6 @@ def test_the_job_client_carries_the_clusters_token_in_its_header(
                     ("http://127.0.0.2:8265", {})]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: only a head with head.json was seen")
 @pytest.mark.parametrize("state", ["PENDING", "CONFIGURING", "RUNNING"])
 def test_a_head_not_up_yet_is_refused_with_its_job_and_state(tmp_path: Path,
                                                              state: str) -> None:

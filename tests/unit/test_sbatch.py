@@ -91,18 +91,20 @@ def test_sbatch_runs_the_head_commands_once_in_rays_order(
     assert req.ray_start is not None and req.ray_start[:3] == ["ray", "start", "--head"]
 
 
-def test_sbatch_refuses_a_cluster_that_is_up_and_submits_nothing(
+def test_sbatch_takes_a_config_whose_cluster_is_up_and_refuses_bad_input(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """A run is its own cluster (issue 26.1): the config's `ray up` cluster being up does not
+    matter (it was refused, pointing to `run --reuse`, which does not apply: issue 26.18)."""
     fake = FakeSlurm()
     c = make_cluster(tmp_path, fake)
     head = fake.submit(JobSpec(job_name=c.job_name, command=["x"]))
     fake.start(head)
     c.cdir.write_head(HeadInfo(job_id=head, ip="127.0.0.2", gcs_port=1))
-    monkeypatch.setattr("ray_slurm_provider.cli.sbatch.load_cluster", lambda path, **kw: c)
+    assert sbatch_cli(c, fake, monkeypatch, "--", "python", "x.py") == 0
+    out = capsys.readouterr()
+    assert "--reuse" not in out.err and out.out.strip() != head
     monkeypatch.setattr(sbatch, "submit", lambda *a, **k: pytest.fail("submitted"))
-    assert main(["sbatch", str(c.path), "--", "python", "x.py"]) == 2
-    assert f"is already up (head job {head})" in capsys.readouterr().err
     assert main(["sbatch", str(c.path)]) == 2
     assert "no entrypoint" in capsys.readouterr().err
     # `run`'s own options mean nothing to a one-shot cluster: refused, not ignored.
@@ -245,10 +247,9 @@ def sbatch_cli(c: Any, fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch, *argv: 
 
 
 def run_ids(err: str) -> list[str]:
-    return re.findall(r"--run (\S+)", err)
+    return re.findall(r"ray-slurm sbatch: run (\S+) ", err)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
 def test_each_sbatch_run_is_its_own_cluster_and_runs_queue_side_by_side(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,11 +274,10 @@ def test_each_sbatch_run_is_its_own_cluster_and_runs_queue_side_by_side(
                     state_dir=str(tmp_path / "state"), ports_base=25000)
     a = HeadAgent(spec, {"SLURM_JOB_ID": heads[0], "HOME": str(tmp_path)})
     a.slurm = fake
-    a.end_cluster(StartRequest(id="r", entrypoint=["python", "a.py"]))
+    a.end_cluster(StartRequest(id="r", ray_start=["ray"], entrypoint=["python", "a.py"]))
     assert fake.job(heads[1]).state == "PENDING"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
 def test_a_run_name_fits_the_cluster_name_rules(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -291,7 +291,6 @@ def test_a_run_name_fits_the_cluster_name_rules(
     assert NAME_RE.match(name) and name.endswith(f"-{rid}") and len(name) == 63
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
 def test_status_and_logs_name_a_run_by_its_id(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,18 +299,17 @@ def test_status_and_logs_name_a_run_by_its_id(
     assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
     out = capsys.readouterr()
     head, (rid,) = out.out.strip(), run_ids(out.err)
-    assert f"ray-slurm logs {c.path} --run {rid} head -f" in out.err
+    assert f"ray-slurm logs {c.path} head --run {rid} -f" in out.err
     assert main(["status", str(c.path), "--run", rid, "--ended", "0"]) == 0
     assert head in capsys.readouterr().out
     ClusterDir(str(tmp_path / "state"), f"{c.name}-{rid}").log(head).write_text("RUN LOG\n")
     for ref in (rid, f"{c.name}-{rid}"):  # the run id or the run's cluster name
-        assert main(["logs", str(c.path), "--run", ref, "head"]) == 0
+        assert main(["logs", str(c.path), "head", "--run", ref]) == 0
         assert "RUN LOG" in capsys.readouterr().out
     assert main(["status", str(c.path), "--run", "nosuch"]) == 2
     assert f"no one-shot run 'nosuch' of {c.name!r}" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: runs of one YAML share one cluster name")
 def test_a_pinned_port_base_is_refused_while_another_run_lives(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -327,7 +325,6 @@ def test_a_pinned_port_base_is_refused_while_another_run_lives(
     assert sbatch_cli(c, fake, monkeypatch, "--", "true") == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.1: no per-run dirs, nothing kept or pruned")
 def test_only_the_newest_ended_runs_are_kept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
