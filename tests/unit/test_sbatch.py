@@ -341,3 +341,80 @@ def test_only_the_newest_ended_runs_are_kept(
     left = {p.name for p in (tmp_path / "state").iterdir()}
     assert {f"{c.name}-{r}" for r in rids[1:]} <= left
     assert f"{c.name}-{rids[0]}" not in left
+
+
+def oneshot_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 staged: bool = True) -> tuple[HeadAgent, Path]:
+    """A one-shot head agent on FakeSlurm with a staged working dir; Ray itself faked."""
+    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"))
+    fake = FakeSlurm()
+    head_id = fake.submit(JobSpec(job_name="ray-c1", command=["x"]))
+    fake.start(head_id)
+    a = HeadAgent(spec, {"SLURM_JOB_ID": head_id, "HOME": str(tmp_path)})
+    a.slurm = fake
+    wd = oneshot.staged_dir(a.cdir, "abc")
+    wd.mkdir(parents=True)
+    a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
+                                    before=["setup"], entrypoint=["python", "train.py"],
+                                    runtime_env={"working_dir": str(wd)}))
+    monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.2")
+    monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
+    return a, wd
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.3: a failed head setup ends the job with 1")
+@pytest.mark.parametrize("step", ["setup", "ray start"])
+def test_a_one_shot_head_whose_setup_or_ray_start_fails_ends_with_125(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """Issue 26.3: exit 1 could not be told from an entrypoint that exits 1."""
+    a, wd = oneshot_head(tmp_path, monkeypatch)
+    if step == "setup":
+        def fail(self: Any, before: list[str], env: dict[str, str]) -> None:
+            raise proc.CommandError(["mkdir", "x"], "mkdir: cannot create directory")
+
+        monkeypatch.setattr(HeadAgent, "run_before", fail)
+    else:
+        monkeypatch.setattr(HeadAgent, "run_before", lambda self, before, env: None)
+        monkeypatch.setattr(HeadAgent, "run_ray", lambda self, argv, env, up: 1)
+    monkeypatch.setattr(oneshot, "run_entrypoint", lambda *a: pytest.fail("ran"))
+    assert a.main() == oneshot.CLUSTER_FAILED
+    assert not wd.exists()
+
+
+def test_a_head_slurm_refuses_is_one_line_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.3: Slurm's refusal (a ClickException) escaped `sbatch` as a traceback, and the
+    copied working dir stayed."""
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    head_type = c.config["head_node_type"]
+    c.config["available_node_types"][head_type].setdefault("node_config", {})[
+        "partition"] = "nope"
+    work = tmp_path / "work"
+    work.mkdir()
+    assert sbatch_cli(c, fake, monkeypatch, "--working-dir", str(work), "--", "true") == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # Ray's progress lines above it
+    assert last.startswith("ray-slurm: Slurm did not take the job of node type head: "), last
+    assert "invalid partition specified: nope" in last
+    assert fake.submitted == []
+    assert not list((tmp_path / "state").glob("*/oneshot/*"))  # the staged working dir went
+
+
+def test_the_staged_dir_of_a_head_cancelled_while_pending_goes_at_the_next_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.3: a head scancelled while pending never runs to remove its working dir."""
+    fake = FakeSlurm()
+    c = make_cluster(tmp_path, fake)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert sbatch_cli(c, fake, monkeypatch, "--working-dir", str(work), "--", "true") == 0
+    head = capsys.readouterr().out.strip()
+    (staged,) = (tmp_path / "state").glob("*/oneshot/*")
+    assert main(["status", str(c.path), "--ended", "0"]) == 0
+    assert staged.exists()  # still queued
+    fake.finish(head, "CANCELLED")
+    assert main(["status", str(c.path), "--ended", "0"]) == 0
+    assert not staged.exists()
