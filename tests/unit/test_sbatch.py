@@ -363,7 +363,6 @@ def oneshot_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return a, wd
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.3: a failed head setup ends the job with 1")
 @pytest.mark.parametrize("step", ["setup", "ray start"])
 def test_a_one_shot_head_whose_setup_or_ray_start_fails_ends_with_125(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
