@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 from ray.job_submission import JobStatus
 
@@ -19,6 +20,7 @@ from ray_slurm_provider.cli import run
 from ray_slurm_provider.cli.common import CliError, Cluster
 from ray_slurm_provider.cli.main import main
 from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import HeadInfo
 from tests.fakes import FakeSlurm
@@ -260,3 +262,59 @@ def test_a_head_not_up_yet_is_refused_with_its_job_and_state(tmp_path: Path,
         with pytest.raises(CliError, match=rf"head job {head} is {state}"):
             w.runner(reuse=reuse).run()
     assert w.calls == [] and w.jobs.submitted == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.4: `run` used Ray's config cache")
+def test_run_resolves_the_config_afresh_like_sbatch(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26.4: `ray up` reused Ray's cached resolution of the YAML, so after an edit of
+    only a site defaults file `run` kept the old values; `sbatch` resolves afresh. `ray down`
+    has no --no-config-cache: the cache entry for the YAML goes before it runs."""
+    import tempfile
+
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda config=None: (_ for _ in ()).throw(SlurmError("offline")))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    w = World(tmp_path, FakeJobs([Info(JobStatus.SUCCEEDED)]))
+    _bootstrap_config(yaml.safe_load(Path(w.cluster.path).read_text()))  # Ray caches it
+    cached = list(tmp_path.glob("ray-config-*"))
+    assert cached
+    argvs: list[list[str]] = []
+    plain = w.ray
+
+    def ray(args: list[str], timeout: float) -> int:
+        argvs.append(args)
+        if args[0] == "down":
+            assert not any(p.exists() for p in cached)
+        return plain(args, timeout)
+
+    r = w.runner()
+    r.ray = ray
+    assert r.run() == 0
+    assert argvs[0][:2] == ["up", "-y"] and "--no-config-cache" in argvs[0]
+    assert argvs[1][0] == "down"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26.18: `run` passed on Ray's ray down hint")
+def test_run_filters_rays_hints_that_do_not_apply() -> None:
+    """Issue 26.18: `ray up`'s closing hints tell the user to `ray down` the cluster (`run`
+    does) and to tail monitor logs under /tmp/ray (not where this provider's Ray logs)."""
+    tail = ("Useful commands:\n"
+            "  To terminate the cluster:\n"
+            "    \x1b[1mray down /x/c.yaml\x1b[0m\n"
+            "\n"
+            "  To retrieve the IP address of the cluster head:\n"
+            "    ray get-head-ip /x/c.yaml\n"
+            "\n"
+            "  To monitor autoscaling:\n"
+            "    ray exec /x/c.yaml 'tail -n 100 -f /tmp/ray/session_latest/logs/monitor*'\n"
+            "\n"
+            "  it is recommended to restart this head node with:   ray down  /x/c.yaml\n")
+    out = io.StringIO()
+    run.relay(io.StringIO(tail), out)
+    text = out.getvalue()
+    assert "ray down" not in text and "monitor" not in text, text
+    assert "To terminate" not in text and "To monitor" not in text
+    assert "  To retrieve the IP address of the cluster head:\n    ray get-head-ip" in text
