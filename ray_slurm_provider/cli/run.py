@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ray_slurm_provider import proc
+from ray_slurm_provider import proc, rayapi
 from ray_slurm_provider.agent import oneshot
 from ray_slurm_provider.cli import oneshots
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
@@ -195,7 +195,9 @@ class Runner:
         try:
             if created:
                 wait = self.cluster.pcfg.head_wait_s + 600.0
-                if self.ray(["up", "-y", self.plan.config], wait) != 0:
+                # Resolved afresh, as `sbatch` does: Ray's cache is keyed by the YAML alone
+                # and keeps values from before an edit of a defaults file.
+                if self.ray(["up", "-y", "--no-config-cache", self.plan.config], wait) != 0:
                     raise ClusterFailed("`ray up` failed (its output is above)")
             self.head = running_head(self.cluster)
             client = self.client(self.cluster)
@@ -260,6 +262,7 @@ class Runner:
         if down:
             self.say("ray down")
             try:
+                rayapi.drop_config_cache(self.plan.config)
                 if self.ray(["down", "-y", self.plan.config], DOWN_TIMEOUT_S) != 0:
                     self.say(f"`ray down` failed: run `ray down -y {self.plan.config}`")
             except proc.CommandError as e:

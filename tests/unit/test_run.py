@@ -264,7 +264,6 @@ def test_a_head_not_up_yet_is_refused_with_its_job_and_state(tmp_path: Path,
     assert w.calls == [] and w.jobs.submitted == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.4: `run` used Ray's config cache")
 def test_run_resolves_the_config_afresh_like_sbatch(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26.4: `ray up` reused Ray's cached resolution of the YAML, so after an edit of
