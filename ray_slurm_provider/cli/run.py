@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +38,9 @@ CLUSTER_FAILED = oneshot.CLUSTER_FAILED
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 HEAD_CHECK_EVERY = 10  # polls between asking Slurm whether the head job still runs
 DOWN_TIMEOUT_S = 600.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HINT_HEADINGS = ("To terminate the cluster:", "To monitor autoscaling:")
+_NOT_FOR_RUN = re.compile(r"\bray down\b|/monitor\*")
 
 
 class Interrupted(BaseException):
@@ -144,11 +149,34 @@ def own_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+def relay(src: Iterable[str], out: TextIO) -> None:
+    """Copy `ray`'s output line by line, less the hints that do not apply to `run`: to
+    `ray down` (run does) and to tail monitor logs under /tmp/ray (not where Ray logs here)."""
+    skipped = False
+    for line in src:
+        plain = _ANSI.sub("", line).strip()
+        if plain in _HINT_HEADINGS or _NOT_FOR_RUN.search(plain) or (skipped and not plain):
+            skipped = bool(plain)  # the blank line after a dropped hint goes with it
+            continue
+        skipped = False
+        out.write(line)
+        out.flush()
+
+
 def ray_cli(args: list[str], timeout: float) -> int:
-    """`ray ARGS` from this Python's environment, output on stderr, in its own session."""
+    """`ray ARGS` from this Python's environment, output on stderr (through `relay`), in its
+    own session."""
     ray = Path(sys.executable).with_name("ray")
-    return proc.run_in_group([str(ray) if ray.exists() else "ray", *args], timeout=timeout,
-                             stdout=2, env=own_env())
+    r, w = os.pipe()
+    reader = threading.Thread(target=relay, args=(os.fdopen(r, errors="replace"), sys.stderr),
+                              daemon=True, name="ray-output")
+    reader.start()
+    try:
+        return proc.run_in_group([str(ray) if ray.exists() else "ray", *args],
+                                 timeout=timeout, stdout=w, env=own_env())
+    finally:
+        os.close(w)
+        reader.join(10)  # Ray's last lines before ours
 
 
 def connect(cluster: Cluster) -> Any:

@@ -296,7 +296,6 @@ def test_run_resolves_the_config_afresh_like_sbatch(tmp_path: Path,
     assert argvs[1][0] == "down"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.18: `run` passed on Ray's ray down hint")
 def test_run_filters_rays_hints_that_do_not_apply() -> None:
     """Issue 26.18: `ray up`'s closing hints tell the user to `ray down` the cluster (`run`
     does) and to tail monitor logs under /tmp/ray (not where this provider's Ray logs)."""
@@ -317,3 +316,16 @@ def test_run_filters_rays_hints_that_do_not_apply() -> None:
     assert "ray down" not in text and "monitor" not in text, text
     assert "To terminate" not in text and "To monitor" not in text
     assert "  To retrieve the IP address of the cluster head:\n    ray get-head-ip" in text
+
+
+def test_ray_cli_passes_rays_output_to_stderr_through_the_filter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    ray = tmp_path / "ray"
+    ray.write_text("#!/bin/sh\necho \"args: $*\"\necho '  To terminate the cluster:'\n"
+                   "echo '    ray down /x/c.yaml'\necho\necho done\nexit 4\n")
+    ray.chmod(0o755)
+    monkeypatch.setattr(run.sys, "executable", str(tmp_path / "python"))
+    assert run.ray_cli(["up", "-y"], 30) == 4
+    out, err = capfd.readouterr()
+    assert out == "" and err == "args: up -y\ndone\n"
