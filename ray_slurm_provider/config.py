@@ -269,7 +269,8 @@ class NodeConfig:
         "Slurm nodes per job (`--nodes`). 2 or more makes a gang type: one job of N nodes is "
         "N Ray nodes (ids `<job>.<k>`), started only once Slurm has all N, ended as one; "
         "`cpus`, `gpus` and `mem` are per node; the type's `min_workers`/`max_workers` count "
-        "nodes and must be multiples of N.",
+        "nodes and must be multiples of N. An `upscaling_speed` the YAML leaves unset "
+        "becomes the largest N (`ray up`; `validate` says so); one set below N is refused.",
         1)
     cpus: Int | None = doc(
         "CPUs of the job (`--cpus-per-task`); default: `resources.CPU`, else the partition's "

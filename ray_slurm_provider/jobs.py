@@ -70,11 +70,6 @@ def decode_tags(comment: str) -> dict[str, str] | None:
     return dict(items) if items is not None else None
 
 
-def group_size(comment: str, default: int = 1) -> int:
-    """A job's N from its comment (GROUP_TAG); `default` for one without it."""
-    return int((decode_tags(comment) or {}).get(GROUP_TAG, default))
-
-
 @functools.lru_cache(maxsize=65536)
 def _decode(comment: str) -> tuple[tuple[str, str], ...] | None:
     # Memoized: a job's comment never changes, and every autoscaler tick decodes every job's.

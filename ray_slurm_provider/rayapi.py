@@ -57,6 +57,17 @@ def drop_config_cache(config_file: str) -> None:
     Path(tempfile.gettempdir(), f"ray-config-{key}").unlink(missing_ok=True)
 
 
+def merge_setup_commands(config: dict[str, Any]) -> None:
+    """Ray's own step of `ray up`'s preparation that puts `setup_commands` in front of
+    `head_setup_commands` and of `worker_setup_commands`, in place (a missing key counts as
+    empty); `ray-slurm render` shows what runs after it."""
+    from ray.autoscaler._private.util import merge_setup_commands as ray_merge
+
+    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
+        config.setdefault(key, [])
+    ray_merge(config)  # type: ignore[no-untyped-call]
+
+
 def head_commands(resolved: Mapping[str, Any]) -> list[str]:
     """The commands Ray's updater runs on a new head, in its order, from a config that went
     through `bootstrap_config` (which merged the setup commands: they are not added again)."""

@@ -15,12 +15,20 @@ node and the compute nodes share (the user's home on any HPC site):
         nodes/<job id>/ray.json    RayUp: Ray is up on that node
         nodes/<job id>/start.json  StartRequest: `ray up` (or `ray-slurm sbatch`) -> head agent
         nodes/<job id>/result.json StartResult: head agent -> `ray up`, how the start went
-        nodes/<job id>/stop        stop this job's Ray only (`ray stop`, or Slurm ended the job)
+        nodes/<job id>/ray-stop    `ray stop` (handoff.py) -> the head agent: stop this job's Ray
+        nodes/<job id>/released    a gang member the autoscaler let go: its task ends with 0
+        nodes/<job id>/orphan      Slurm ended the job but its Ray runs on: headwatch stops it
+        nodes/<job id>/stop        legacy: all three of the above (see below)
         ray-logs/<job id>/         the node's Ray session logs, kept when its job ends
 
 Every file that crosses a process boundary has one typed reader and writer here (NodeDir,
 ClusterDir). Their JSON must stay as it is: agents of jobs queued with an older release, and
 the other side of each hand-off, read it.
+
+Legacy `stop` (remove after the next release): the previous release wrote one `stop` file
+for all three markers. Agents of jobs queued with it read only `stop`, so each marker's
+writer also writes `stop`; and a `stop` with no new marker beside it (written by the
+previous release) counts as each of the three in its reader.
 """
 
 from __future__ import annotations
@@ -47,8 +55,18 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound="DataclassInstance")
 logger = logging.getLogger(__name__)
 
-_AGENT, _RAY, _START, _RESULT, _STOP = "agent.json", "ray.json", "start.json", "result.json", "stop"
-_TAGS, _HEAD, _TEARDOWN = "tags.json", "head.json", "teardown"
+_AGENT = "agent.json"
+_RAY = "ray.json"
+_START = "start.json"
+_RESULT = "result.json"
+_RAY_STOP = "ray-stop"
+_RELEASED = "released"
+_ORPHAN = "orphan"
+_LEGACY_STOP = "stop"  # remove after the next release (module docstring)
+_MARKERS = (_RAY_STOP, _RELEASED, _ORPHAN)
+_TAGS = "tags.json"
+_HEAD = "head.json"
+_TEARDOWN = "teardown"
 
 
 def poll_interval(waited_s: float) -> float:
@@ -291,15 +309,43 @@ class NodeDir:
     def read_result(self) -> StartResult | None:
         return _read(self.path / _RESULT, StartResult)
 
-    def request_stop(self) -> None:
-        """Ask the agent to stop this job's Ray (OSError if the node's directory is gone)."""
-        (self.path / _STOP).touch()
+    # --- markers: each file one meaning (OSError from a writer: the node dir is gone) ---
+    def _mark(self, name: str) -> None:
+        (self.path / name).touch()
+        (self.path / _LEGACY_STOP).touch()  # an agent of the previous release reads this
 
-    def stop_requested(self) -> bool:
-        return (self.path / _STOP).exists()
+    def _marked(self, name: str) -> bool:
+        if (self.path / name).exists():
+            return True
+        # A legacy `stop` alone was written by the previous release: it meant all three.
+        return (self.path / _LEGACY_STOP).exists() and not any(
+            (self.path / m).exists() for m in _MARKERS)
 
-    def clear_stop(self) -> None:
-        (self.path / _STOP).unlink(missing_ok=True)
+    def request_ray_stop(self) -> None:
+        """`ray stop` on this node (handoff.py): the agent stops this job's Ray only."""
+        self._mark(_RAY_STOP)
+
+    def ray_stop_requested(self) -> bool:
+        return self._marked(_RAY_STOP)
+
+    def clear_ray_stop(self) -> None:
+        """The head agent took a new start request: an earlier `ray stop` is done."""
+        (self.path / _RAY_STOP).unlink(missing_ok=True)
+        (self.path / _LEGACY_STOP).unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """A gang member the autoscaler let go: its agent stops Ray and ends with exit 0."""
+        self._mark(_RELEASED)
+
+    def released(self) -> bool:
+        return self._marked(_RELEASED)
+
+    def mark_orphan(self) -> None:
+        """Slurm ended this job but its Ray still runs: the agent's head watch stops it."""
+        self._mark(_ORPHAN)
+
+    def orphaned(self) -> bool:
+        return self._marked(_ORPHAN)
 
 
 class ClusterDir:
@@ -393,6 +439,10 @@ class ClusterDir:
     def ray_up(self, job_id: str) -> bool:
         """NodeDir.ray_up without building one (per node per tick)."""
         return os.path.exists(f"{self._nodes_dir}/{job_id}/{_RAY}")
+
+    def released(self, node_id: str) -> bool:
+        """NodeDir.released (per gang member per changed listing)."""
+        return self.node(node_id).released()
 
     def forget(self, job_ids: list[str]) -> None:
         """Drop the state of nodes that are gone for good."""

@@ -3,7 +3,7 @@
 `ray up` cannot be told "the head starts itself", so it runs the head's start commands
 through our command runner, which hands them over here (`start.json`); the agent starts Ray
 in the batch step and reports back (`result.json`). A later `ray up` hands over again and the
-agent restarts Ray in place; `ray stop` (the `stop` file) stops only this job's Ray.
+agent restarts Ray in place; `ray stop` (the `ray-stop` marker) stops only this job's Ray.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class HeadAgent(Agent):
                     log("no start command from `ray up` in time; ending the job")
                 return 1
             handled = req.id
-            self.ndir.clear_stop()
+            self.ndir.clear_ray_stop()
             self.interrupted = False
             code = self.head_once(req)
             if req.entrypoint:  # a one-shot cluster ends with its entrypoint, workers too
@@ -87,10 +87,10 @@ class HeadAgent(Agent):
         return None
 
     def watch(self, req_id: str) -> None:
-        """While Ray runs: a `stop` file or a newer start request stops it (not the job)."""
+        """While Ray runs: a `ray-stop` marker or a newer start request stops it (not the job)."""
         while self.child is not None and self.child.poll() is None:
             req = self.ndir.read_start()
-            if self.ndir.stop_requested() or (req is not None and req.id != req_id):
+            if self.ndir.ray_stop_requested() or (req is not None and req.id != req_id):
                 self.interrupted = True
                 log("stop requested: stopping this job's Ray")
                 self.child.send_signal(signal.SIGTERM)

@@ -13,9 +13,10 @@ the head itself, cheaply and without asking Slurm:
   A connect that times out or finds no route is no evidence (a network blip, a switch
   reboot): it neither counts nor resets the count. A head whose node dies is seen by Slurm,
   which ends the head job, and head.json then goes;
-* the provider writes `nodes/<job id>/stop` when a worker's job has left Slurm's active list
-  while its Ray still runs: a node set DOWN by an administrator leaves the job's processes
-  running (orphans) although Slurm has ended the job and may give its CPUs to others.
+* the provider writes the node's `orphan` marker (state.py) when a worker's job has left
+  Slurm's active list while its Ray still runs: a node set DOWN by an administrator leaves
+  the job's processes running (orphans) although Slurm has ended the job and may give its
+  CPUs to others; and its `released` marker when the autoscaler let a gang member go.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class HeadWatch:
                  grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic,
                  connect: Callable[[str, int], str] = probe_gcs) -> None:
         self.cdir = cdir
-        self.node = node  # whose `stop` file to watch
+        self.node = node  # whose `orphan` and `released` markers to watch
         self.job_id = head.job_id
         self.ip = head.ip
         self.port = head.gcs_port
@@ -63,8 +64,12 @@ class HeadWatch:
 
     def check(self) -> str | None:
         """One look; the reason to stop, or None while the head is (or may be) there."""
-        if self.node is not None and self.node.stop_requested():
+        if self.node is not None and self.node.orphaned():
             return "Slurm no longer counts this job as running (the provider asked it to stop)"
+        if self.node is not None and self.node.released():
+            return "the autoscaler released this gang member"
+        if self.node is not None and self.node.ray_stop_requested():
+            return "`ray stop` was asked for this node"
         try:
             info = self.cdir.read_head()
         except (OSError, ValueError):

@@ -81,7 +81,7 @@ class WorkerAgent(Agent):
     def released(self) -> bool:
         """A gang member the autoscaler terminated (provider/gangs.py): its Ray stops and its
         task ends with exit 0, so `srun --kill-on-bad-exit` leaves the other members be."""
-        return self.spec.group_size > 1 and self.ndir.stop_requested()
+        return self.spec.group_size > 1 and self.ndir.released()
 
     def ended(self, code: int) -> int:
         """The job's (in a gang: this task's) exit code once Ray has exited."""

@@ -86,7 +86,7 @@ def member_rows(cluster: Cluster, job: Job, size: int) -> list[dict[str, Any]]:
         up = cluster.cdir.node(node_id).read_ray_up()
         out.append({"node_id": node_id, "node": hosts[k] if k < len(hosts) else "",
                     "address": up.ip if up else "", "ray_up": up is not None,
-                    "released": cluster.cdir.node(node_id).stop_requested()})
+                    "released": cluster.cdir.node(node_id).released()})
     return out
 
 

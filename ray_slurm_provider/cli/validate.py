@@ -4,8 +4,10 @@ validate: the validation pipeline (provider/validation.py, the one `ray up` runs
 the live cluster unless `--offline`, reported per node type (cli/findings.py).
 
 render: every batch script the cluster would submit (the head's and one per worker type),
-built by the same code as the provider (`bootstrap_config`, `fillout_resources`,
-`jobs.build_job`, `slurm.script.render`); nothing is submitted.
+built by the same code as the provider (Ray's merge of the setup commands,
+`bootstrap_config`, `fillout_resources`, `jobs.build_job`, `slurm.script.render`), each
+followed by the commands its job runs in their order: the head's, which `ray up` hands in,
+and a worker's start commands, which its node agent runs. Nothing is submitted.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import click
 
+from ray_slurm_provider import rayapi
 from ray_slurm_provider.cli.common import (
     CliError,
     Cluster,
@@ -28,7 +31,7 @@ from ray_slurm_provider.cli.common import (
     run_command,
 )
 from ray_slurm_provider.cli.findings import accounting_findings, node_type_findings, shown
-from ray_slurm_provider.cluster import parse_provider_section
+from ray_slurm_provider.cluster import ClusterConfig, parse_provider_section
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.provider import defaults, validation
@@ -60,6 +63,9 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
                    f"{len(types)} node types match the config model")]
     out += [Finding("info", "defaults", line)
             for line in defaults.describe(cluster.from_defaults, cluster.config)]
+    speed = validation.gang_speed(cluster.config, parsed)
+    if speed is not None:
+        out.append(Finding("info", "upscaling_speed", speed[1].removeprefix("upscaling_speed: ")))
     out += [shown(f, "see the message") for f in mine]
     if unreachable is not None:
         return [*out, unreachable]
@@ -76,9 +82,11 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
                                                     if f.rule == "accounting"])
 
 
-def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
-    """(node type, kind, script) for the head type, then each worker type."""
+def resolve(cluster: Cluster) -> tuple[dict[str, Any], ClusterConfig]:
+    """The config as `ray up` resolves it (Ray's merge of the setup commands, the partition
+    shapes, bootstrap_config) and the cluster as the head's autoscaler parses it then."""
     config: dict[str, Any] = copy.deepcopy(cluster.config)
+    rayapi.merge_setup_commands(config)
     try:
         fillout_resources(config)
     except (SlurmError, ConfigError) as e:
@@ -91,6 +99,14 @@ def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
     # As the head's autoscaler will see it: the provider section bootstrap wrote.
     parsed = parse_provider_section(config["provider"], cluster.name,
                                     str(config.get("head_node_type", "")))
+    return config, parsed
+
+
+def rendered_scripts(cluster: Cluster,
+                     resolved: tuple[dict[str, Any], ClusterConfig] | None = None,
+                     ) -> list[tuple[str, str, str]]:
+    """(node type, kind, script) for the head type, then each worker type."""
+    _, parsed = resolved or resolve(cluster)
     types = parsed.node_types
     order = [parsed.head_type, *sorted(t for t in types if t != parsed.head_type)]
     out = []
@@ -105,6 +121,46 @@ def rendered_scripts(cluster: Cluster) -> list[tuple[str, str, str]]:
     return out
 
 
+def job_commands(config: dict[str, Any], parsed: ClusterConfig,
+                 t: str) -> list[tuple[str, list[str]]]:
+    """What a job of node type `t` runs, in the order it runs them: (which commands and who
+    runs them, the commands). `config` and `parsed` as `resolve` returns them."""
+    ncfg = parsed.node_type(t).node_config
+    script = "in the batch script above"
+    out = [(f"prologue, {script}", list(ncfg.prologue))]
+    if parsed.kind(t) == "head":
+        # Ray's updater runs these through the command runner (provider/runner.py).
+        step = "handed in by `ray up`, each run as a step of this job"
+        return [*out,
+                (f"initialization_commands, {step}",
+                 [str(c) for c in config.get("initialization_commands") or []]),
+                (f"setup_commands + head_setup_commands, {step}",
+                 [str(c) for c in config.get("head_setup_commands") or []]),
+                ("head_start_ray_commands, handed in by `ray up`: `ray start` is run by the "
+                 "node agent in the batch step (with this job's resources, address and ports "
+                 "added), any other command as a step",
+                 [str(c) for c in config.get("head_start_ray_commands") or []])]
+    commands = parsed.node_type(t).commands
+    if ncfg.nodes > 1:  # gang_step: on every node of the group, before its agent
+        script = "in the batch script's srun line above, on every node of the group"
+    return [*out,
+            (f"initialization_commands, {script}", commands.initialization),
+            (f"setup_commands + worker_setup_commands, {script}", commands.setup),
+            ("worker_start_ray_commands, by the node agent: the commands before `ray start` "
+             "in a shell, then `ray start` with this job's resources, address and ports "
+             "added", commands.start)]
+
+
+def commands_block(steps: list[tuple[str, list[str]]]) -> list[str]:
+    """`job_commands` as comment lines."""
+    out = ["# ----- run inside the job, in this order:"]
+    for what, cmds in steps:
+        out.append(f"#   {what}:")
+        lines = [line for c in cmds for line in c.splitlines()] or ["(none)"]
+        out += [f"#     {line}" for line in lines]
+    return out
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     return run_command(lambda: report(validate_findings(load_cluster(args.config, starts=True),
                                                         live=not args.offline)))
@@ -113,13 +169,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config, starts=True)
-        scripts = rendered_scripts(cluster)
+        config, parsed = resolved = resolve(cluster)
+        scripts = rendered_scripts(cluster, resolved)
         if args.node_type:
             scripts = [s for s in scripts if s[0] == args.node_type]
             if not scripts:
                 raise CliError(f"no node type {args.node_type!r} in {args.config}")
         for line in defaults.describe(cluster.from_defaults, cluster.config):
             print(f"# from defaults: {line}")
+        speed = validation.gang_speed(cluster.config, cluster.parsed)
+        if speed is not None:
+            print(f"# {speed[1]}")
         for i, (t, kind, script) in enumerate(scripts):
             if i:
                 print()
@@ -127,6 +187,7 @@ def cmd_render(args: argparse.Namespace) -> int:
                   f"{cluster.job_name} --comment=<creation tags> <<'EOF'")
             print(script, end="")
             print("# ===== EOF")
+            print("\n".join(commands_block(job_commands(config, parsed, t))))
         return 0
 
     return run_command(body)

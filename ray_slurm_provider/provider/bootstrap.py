@@ -1,8 +1,9 @@
 """What `ray up` does to the cluster config before anything is submitted.
 
 `bootstrap_config` runs the validation pipeline (provider/validation.py: the model, Ray's
-schema, values, and the live cluster: partitions must exist, limits must fit), forces
-self-starting workers, and copies into the provider section what the head's autoscaler needs
+schema, values, and the live cluster: partitions must exist, limits must fit), sets an unset
+`upscaling_speed` to the largest gang `nodes` (validation.gang_speed), forces self-starting
+workers, and copies into the provider section what the head's autoscaler needs
 to build worker jobs: Ray hands a provider only its own section, yet workers must run the
 YAML's initialization, setup and start commands.
 `fillout_resources` fills a node type's omitted `resources` from its Slurm partition.
@@ -10,7 +11,6 @@ YAML's initialization, setup and start commands.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -27,7 +27,7 @@ from ray_slurm_provider.cluster import (
     node_types_section,
     parse_cluster,
 )
-from ray_slurm_provider.config import ConfigError, NodeConfig, parse_provider
+from ray_slurm_provider.config import ConfigError, parse_provider
 from ray_slurm_provider.provider import defaults, validation
 from ray_slurm_provider.slurm.client import ClusterInfo
 from ray_slurm_provider.units import MIB, mem_bytes
@@ -61,6 +61,10 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         cluster = validate(config)
     except ConfigError as e:
         raise click.ClickException(f"Invalid cluster config: {e}") from e
+    speed = validation.gang_speed(config, cluster)
+    if speed is not None:  # what the head's autoscaler reads (the resolved config)
+        config["upscaling_speed"] = speed[0]
+        logger.info("%s", speed[1])
     provider = config["provider"]
     provider["disable_node_updaters"] = True
     if "python" not in provider:
@@ -109,25 +113,3 @@ def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
         if mem and not ncfg.mem:
             nc.setdefault("mem", f"{mem // MIB}M")
     return config
-
-
-class ConfigHooks:
-    """The NodeProvider hooks Ray calls on the login node with the whole cluster config
-    (SlurmNodeProvider inherits them), and the node types as parsed from it."""
-
-    cluster: ClusterConfig
-
-    def node_config(self, node_type: str) -> NodeConfig:
-        """A node type's Slurm job settings (the command runner builds its steps from them)."""
-        return self.cluster.node_type(node_type).node_config
-
-    @staticmethod
-    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
-        return bootstrap_config(copy.deepcopy(cluster_config))
-
-    @staticmethod
-    def fillout_available_node_types_resources(config: dict[str, Any]) -> dict[str, Any]:
-        return fillout_resources(config)
-
-    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
-        return cluster_config

@@ -2,7 +2,9 @@
 
 Files, in order (a later one overrides an earlier one; the cluster YAML overrides both):
 ``/etc/ray-slurm/defaults.yaml`` (the site's), then ``~/.config/ray-slurm/defaults.yaml``
-(yours). ``RAY_SLURM_DEFAULTS`` replaces that list (colon-separated paths; empty: none).
+(yours); either may be absent. ``RAY_SLURM_DEFAULTS`` replaces that list (colon-separated
+paths, ``~`` expanded; empty: none): a file it names must exist, or the config is refused
+naming it (a typo would silently drop the site's partition and account).
 
 A defaults file has the cluster YAML's own shape, two sections only::
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,10 +57,18 @@ class Defaults:
 
 
 def default_paths(env: Mapping[str, str] | None = None) -> list[str]:
+    """The defaults files to read, in order: RAY_SLURM_DEFAULTS's, else the site's and yours."""
     env = os.environ if env is None else env
     if ENV in env:
-        return [p for p in env[ENV].split(":") if p]
+        return [os.path.expanduser(p) for p in env[ENV].split(":") if p]
     return [SITE_FILE, os.path.expanduser(USER_FILE)]
+
+
+def optional_paths(env: Mapping[str, str] | None = None) -> list[str]:
+    """The defaults files that may be absent: the two default ones, unless RAY_SLURM_DEFAULTS
+    replaces them (a file it names must exist)."""
+    env = os.environ if env is None else env
+    return [] if ENV in env else [SITE_FILE, os.path.expanduser(USER_FILE)]
 
 
 def _leaves(data: Mapping[str, Any], prefix: str) -> list[str]:
@@ -103,15 +113,19 @@ def _check(path: str, data: Any, text: str = "") -> tuple[dict[str, Any], dict[s
     return provider, node_config
 
 
-def load(paths: list[str]) -> Defaults:
-    """Read the defaults files that exist, in order; ConfigError names the file and key."""
+def load(paths: list[str], optional: Collection[str] = ()) -> Defaults:
+    """Read the defaults files in order; one in `optional` may be absent. ConfigError names
+    the file (and the key)."""
     d = Defaults()
     for path in paths:
         try:
             with open(path) as f:
                 text = f.read()
-        except FileNotFoundError:
-            continue
+        except FileNotFoundError as e:
+            if path in optional:
+                continue
+            raise ConfigError(f"{path}: no such defaults file (named in {ENV}); fix the path "
+                              f"or remove it from {ENV}") from e
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the defaults file: {e.strerror}") from e
         try:
@@ -143,12 +157,12 @@ def _from_defaults(written: Mapping[str, Any], defaults: Mapping[str, Any], pref
 
 def apply(config: dict[str, Any], paths: list[str] | None = None) -> dict[str, str]:
     """Merge the defaults files under `config` in place (once: a config that records
-    `provider._defaults_from` is left alone). Returns each key path the defaults supplied,
-    with its file."""
+    `provider._defaults_from` is left alone). `paths`: default_paths(); each must exist but
+    the default ones. Returns each key path the defaults supplied, with its file."""
     provider = config.setdefault("provider", {})
     if not isinstance(provider, dict) or APPLIED_KEY in provider:
         return {}
-    d = load(default_paths() if paths is None else paths)
+    d = load(default_paths(), optional_paths()) if paths is None else load(paths)
     provider[APPLIED_KEY] = d.files
     if not d.files:
         return {}

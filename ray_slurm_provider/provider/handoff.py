@@ -4,7 +4,7 @@ A step's processes belong to the step: `ray start` run as one would be orphaned 
 killed with it, so the runner writes the start program into the node's `start.json` and the
 agent in the batch step starts Ray and answers in `result.json` (agent/head.py). `ray stop`
 would kill every Ray process of the user on the node, other clusters' included; it becomes
-the node's `stop` file: "stop this job's Ray".
+the node's `ray-stop` marker: "stop this job's Ray" (state.py).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def stop_ray(ndir: NodeDir, timeout: float = 60.0) -> None:
     """`ray stop`, scoped to this job: the agent stops its own Ray and nothing else."""
     if not ndir.ray_up():
         return
-    ndir.request_stop()
+    ndir.request_ray_stop()
     retry(lambda _: ndir.ray_up(), retry_if=bool, deadline_s=timeout, clock=time.monotonic,
           delay=lambda n, waited: 0.2)
 

@@ -10,15 +10,18 @@ Design
   hash, launch request) ride in the job comment; tags Ray changes later (node status, runtime
   hashes) live in the cluster directory on the shared filesystem (state.py), read the same
   way by `ray up` and the head's autoscaler.
-* `non_terminated_nodes` is the only call that asks Slurm: it refreshes a snapshot under a
-  lock, and every other query (`node_tags`, `is_running`, `internal_ip`, ...) is answered from
-  it. A failed listing raises -- an empty or partial list would make the autoscaler launch
-  duplicates and strand live nodes. A created node joins the snapshot at once, a terminated
-  one leaves it at once.
+* `non_terminated_nodes` is the only call that asks Slurm: under a lock, one listing moves
+  the provider's records on (nodes.py: one record per Ray node, with its lifecycle), and
+  every other query (`node_tags`, `is_running`, `internal_ip`, ...) is answered from them.
+  A failed listing raises -- an empty or partial list would make the autoscaler launch
+  duplicates and strand live nodes. A created node is listed at once, a terminated one
+  leaves at once.
 * PENDING/CONFIGURING/RUNNING/SUSPENDED jobs are nodes; COMPLETING and final states are not.
 * Workers start Ray themselves in their batch step (agent/) and report it through the
   cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
   check never kills a node that is still starting).
+* The provider holds its collaborators and calls them through narrow interfaces: the
+  launch guard, the gangs (gangs.py), the teardown (teardown.py), the head's walltime.
 * The constructor never raises and never calls Slurm (a raising one would take the head's
   autoscaler down): config errors surface on first use.
 """
@@ -26,6 +29,7 @@ Design
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import threading
@@ -37,32 +41,33 @@ from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
     NODE_KIND_WORKER,
     TAG_RAY_NODE_KIND,
-    TAG_RAY_NODE_STATUS,
     TAG_RAY_USER_NODE_TYPE,
 )
 
 from ray_slurm_provider import auth
 from ray_slurm_provider.cluster import ClusterConfig
-from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_node_config
+from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, parse_node_config
 from ray_slurm_provider.jobs import GROUP_TAG, build_job, job_name
-from ray_slurm_provider.nodespec import split
-from ray_slurm_provider.provider import runs, validation
-from ray_slurm_provider.provider.bootstrap import ConfigHooks
-from ray_slurm_provider.provider.gangs import GangHooks, groups
+from ray_slurm_provider.nodespec import member_ids, split
+from ray_slurm_provider.provider import bootstrap, runs, validation
+from ray_slurm_provider.provider.gangs import Gangs, groups, release
 from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
-from ray_slurm_provider.provider.snapshot import (
-    NodeRecord,
-    Snapshot,
+from ray_slurm_provider.provider.nodes import (
+    HIDDEN,
+    Events,
+    Group,
+    Node,
+    Phase,
+    Rules,
+    Tick,
+    advance,
     describe,
-    keep_created,
+    group_size,
+    of_job,
     same_listing,
-    settling,
-    take,
-    vanished_workers,
-    worker_status,
 )
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays, submit_nodes
-from ray_slurm_provider.provider.teardown import TeardownHooks
+from ray_slurm_provider.provider.teardown import Teardown, shorten_ray_down_poll
 from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
@@ -71,19 +76,18 @@ from ray_slurm_provider.state import ClusterDir
 logger = logging.getLogger(__name__)
 
 
-class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
+class SlurmNodeProvider(NodeProvider):
     #: Longer than Slurm takes to end a cancelled job (KillWait, 30 s by default, plus epilog).
     GONE_TTL_S = 120.0
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
         self._lock = threading.RLock()
-        self._nodes: dict[str, NodeRecord] = {}
-        # Cancelled -> when: hidden until Slurm drops them, at most GONE_TTL_S (one that
-        # outlives its scancel must show up again). Created -> listings started by then.
-        self._gone, self._born = dict[str, float](), dict[str, int]()
-        self._addrs, self._released, self._sizes = dict[str, str](), set[str](), dict[str, int]()
-        self._listings, self._clock, self._sleep = 0, time.monotonic, time.sleep
+        self._nodes: dict[str, Node] = {}  # every record, hidden ones too (nodes.py)
+        self._listings = 0  # listings started: a creation is settled by a later one
+        self._last: Tick | None = None  # the last listing's outcome, for the steady tick
+        self._clock = time.monotonic
+        self._sleep = time.sleep
         self._client: SlurmClient | None = None
         self._config_error: ConfigError | None = None
         try:
@@ -96,11 +100,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         self.guard = LaunchGuard(self.cluster_dir.root / "errors.json")
         self.strays = Strays()
         self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
-        self._ray_seen: set[str] = set()  # workers whose Ray was seen up
-        self._gen: tuple[str, int] | None = None  # tags and strays as of the last listing
-        self._jobs: list[Job] = []  # the last listing: the same one again is a steady tick
-        self._heads: list[NodeRecord] = []  # and whether a worker's Ray may come up:
-        self._settling = False
+        self.gangs = Gangs(self.cluster_dir, lambda: self.slurm)
+        self.teardown = Teardown(self.cluster_dir, self._list_jobs)
 
     # --- Slurm access ------------------------------------------------------------------
     @property
@@ -111,9 +112,28 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
             self._client = make_client(self.pcfg)
         return self._client
 
+    def _list_jobs(self) -> list[Job]:
+        return self.slurm.list_jobs(job_name(self.cluster_name))
+
     def describe_job(self, node_id: str) -> str:
         """One line on where a node's job stands, in Slurm's words."""
         return describe(node_id, self._record(node_id))
+
+    # --- the cluster config (Ray calls these on the login node) --------------------------
+    def node_config(self, node_type: str) -> NodeConfig:
+        """A node type's Slurm job settings (the command runner builds its steps from them)."""
+        return self.cluster.node_type(node_type).node_config
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return bootstrap.bootstrap_config(copy.deepcopy(cluster_config))
+
+    @staticmethod
+    def fillout_available_node_types_resources(config: dict[str, Any]) -> dict[str, Any]:
+        return bootstrap.fillout_resources(config)
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return cluster_config
 
     # --- listing -----------------------------------------------------------------------
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
@@ -121,78 +141,74 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
             self._listings += 1
             listing = self._listings
             now = self._clock()
-            self._gone = {i: t for i, t in self._gone.items() if now - t < self.GONE_TTL_S}
-        jobs = self.slurm.list_jobs(job_name(self.cluster_name))  # raises on any error
-        # Last tick's records are reused only while no tags file or stray changed since.
-        gen = (self.cluster_dir.tags_generation(), self.strays.generation)
-        steady = (gen == self._gen and not self._gone and not self._born and not self._settling
-                  and same_listing(jobs, self._jobs))  # then every record is last tick's
-        prev, self._gen, self._jobs = (self._nodes if gen == self._gen else {}), gen, jobs
-        snap = Snapshot(dict(prev)) if steady else take(
-            jobs, prev, gone=self._gone, stray=self.strays.__contains__, submit_tag=SUBMIT_TAG,
-            tags=self._tags, released=self.released)
-        nodes, strays = snap.nodes, snap.strays
+        jobs = self._list_jobs()  # raises on any error
+        # Tags files other processes write, and strays found since, change records too.
+        key = (self.cluster_dir.tags_generation(), self.strays.generation)
         with self._lock:
-            if keep_created(nodes, self._nodes, self._born, self._gone, listing):
-                self._gen = None  # next tick rebuilds its records: the kept one is gone
-            listed = {j.job_id for j in jobs}
-            self.drop_released(nodes, listed)  # gangs.py
-            if self._gone:  # forget a cancelled job once Slurm no longer lists it
-                self._gone = {i: t for i, t in self._gone.items() if i in listed}
-            before, self._nodes = self._nodes, nodes
-            ids = [i for i, r in nodes.items()
-                   if all(r.tags.get(k) == v for k, v in tag_filters.items())
-                   ] if tag_filters else list(nodes)
+            last = self._last
+            reuse = last is not None and last.key == key
+            # The steady tick: the same listing, Job object for Job object (the CLI client's
+            # cache), and nothing since that may change a record (no tags file written, no
+            # creation, release or cancellation, no worker setting up: `quiet`). Then every
+            # record is last tick's and no event can come of it: skip the pass over 10,000
+            # jobs (bench/p4_listing_cpu.py). Anything that changes a record drops `quiet`.
+            steady = last is not None and reuse and last.quiet and same_listing(jobs, last.jobs)
+            if last is not None and steady:
+                tick = last
+            else:
+                tick = advance(self._nodes, jobs, listing=listing, now=now, reuse=reuse,
+                               files=self.cluster_dir, rules=self._rules(),
+                               stray=self.strays.__contains__)
+                tick.key = None if tick.ghosts else key  # a ghost gone: re-read every record
+                self._nodes = tick.nodes
+                self._last = tick
+            ids = [i for i in tick.shown
+                   if all(self._nodes[i].tags.get(k) == v for k, v in tag_filters.items())
+                   ] if tag_filters else list(tick.shown)
         if steady:  # nothing vanished, nothing new: only the head's time left moves
-            for rec in self._heads:
+            for rec in tick.events.heads:
                 self.head_time.observe(rec.job)
         else:
-            self._after_listing(before, nodes, strays)
+            self._act(tick.events)
         return ids
 
-    def _after_listing(self, before: dict[str, NodeRecord], nodes: dict[str, NodeRecord],
-                       strays: list[str]) -> None:
-        """What the listing just made tells, at no further scheduler cost."""
-        if strays:
+    def _rules(self) -> Rules:
+        return Rules(submit_tag=SUBMIT_TAG, watch_workers=self.pcfg.disable_node_updaters,
+                     gone_ttl_s=self.GONE_TTL_S)
+
+    def _act(self, events: Events) -> None:
+        """What the listing just told, at no further scheduler cost."""
+        for node_type in events.came_up:
+            self.guard.ray_started(node_type)
+        if events.strays:
             logger.warning("Cancelling Slurm jobs %s: their submission was reported to Ray as "
-                           "failed, so Ray has launched again", ", ".join(strays))
+                           "failed, so Ray has launched again", ", ".join(events.strays))
             try:
-                self.terminate_nodes(strays)
+                self.terminate_nodes(events.strays)
             except SlurmError as e:
-                logger.warning("Could not cancel %s yet: %s", strays, e.slurm_message)
-        crashed: set[str] = set()  # a gang job's members count once
-        for node_id, rec in vanished_workers(before, nodes, self._gone, self.released):
-            job_id = split(node_id)[0]
-            if self.cluster_dir.ray_up(node_id):
-                # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as
-                # an orphan: its agent stops it (agent/headwatch.py), so Ray sees the node leave.
-                logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
-                               job_id)
-                with contextlib.suppress(OSError):
-                    self.cluster_dir.node(node_id).request_stop()
-            elif node_id not in self._ray_seen and job_id not in crashed:  # before Ray came up
-                crashed.add(job_id)
-                died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
-                                job_id, rec.job.state, self.cluster_dir.log(job_id))
-        self._ray_seen &= nodes.keys()
-        self._heads = [r for r in nodes.values()
-                       if r.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD]
-        self._settling = settling(nodes.values())
-        for rec in self._heads:
+                logger.warning("Could not cancel %s yet: %s", events.strays, e.slurm_message)
+        for node_id in events.orphans:
+            # Slurm ended the job (e.g. its node was set DOWN) but its Ray still runs as an
+            # orphan: its agent stops it (agent/headwatch.py), so Ray sees the node leave.
+            logger.warning("Slurm job %s has ended but its Ray still runs: stopping it",
+                           split(node_id)[0])
+            with contextlib.suppress(OSError):
+                self.cluster_dir.node(node_id).mark_orphan()
+        for job_id, rec in events.crashed:  # before Ray came up
+            died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
+                            job_id, rec.job.state, self.cluster_dir.log(job_id))
+        for rec in events.heads:
             self.head_time.observe(rec.job)
 
-    def _tags(self, node_id: str, job: Job, created: dict[str, str]) -> dict[str, str]:
-        tags = {**created, **self.cluster_dir.tags(node_id)}
-        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.pcfg.disable_node_updaters:
-            status, came_up = worker_status(node_id, job, self._ray_seen,
-                                            self.cluster_dir.ray_up)
-            tags[TAG_RAY_NODE_STATUS] = status
-            if came_up:
-                self.guard.ray_started(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
-        return tags
+    def _record(self, node_id: str) -> Node | None:
+        """A shown node's record (atomic; called per node per tick, so no lock)."""
+        rec = self._nodes.get(node_id)
+        return rec if rec is not None and rec.phase not in HIDDEN else None
 
-    def _record(self, node_id: str) -> NodeRecord | None:
-        return self._nodes.get(node_id)  # atomic; called per node per tick (no lock)
+    def _changed(self) -> None:
+        """A record changed outside a listing: the next tick is no steady one."""
+        if self._last is not None:
+            self._last.quiet = False
 
     def is_running(self, node_id: str) -> bool:
         rec = self._record(node_id)
@@ -206,7 +222,8 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         return dict(rec.tags) if rec else {}
 
     def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
-        return self.member_ip(node_id, self._record(node_id))  # gangs.py
+        rec = self._record(node_id)
+        return self.gangs.member_ip(node_id, rec.job if rec else None)
 
     def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         return self.internal_ip(node_id)
@@ -214,7 +231,7 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
         self.cluster_dir.set_tags(node_id, tags)
         with self._lock:
-            rec = self._nodes.get(node_id)
+            rec = self._record(node_id)
             if rec is not None:
                 rec.tags.update(tags)
 
@@ -258,10 +275,12 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         for job_id in ids:
             job = Job(job_id=job_id, name=spec.job_name, state="PENDING",
                       partition=nt.node_config.partition or "")
-            for node_id in self.node_ids(job_id, n):
+            for k, node_id in enumerate(self.gangs.node_ids(job_id, n)):
+                group = Group(job_id, n, k) if n > 1 else None
                 with self._lock:
-                    self._nodes[node_id] = NodeRecord(job, dict(tags))
-                    self._born[node_id] = self._listings
+                    self._nodes[node_id] = Node(job, dict(tags), Phase.CREATED, group,
+                                                born=self._listings)
+                    self._changed()
                 created[node_id] = job
         if refused is not None:  # Slurm took only these: they are recorded, the launch failed
             raise refused
@@ -272,24 +291,94 @@ class SlurmNodeProvider(ConfigHooks, TeardownHooks, GangHooks, NodeProvider):
         return self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
-        ids, dirs = self.to_cancel(self.spare_own_job([str(i) for i in node_ids]))
-        if not ids:  # nothing, or gang members whose groups live on (gangs.py)
+        ids = self.teardown.spare_own_job([str(i) for i in node_ids])
+        jobs, dirs, undo = self._to_cancel(ids)
+        if not jobs:  # nothing, or gang members whose groups live on (gangs.py)
             return None
-        down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in ids)
+        down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in jobs)
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
-        self.cancel_jobs(ids)  # one call; jobs already gone are fine; errors raise
+        try:
+            self.slurm.cancel(jobs)  # one call; jobs already gone are fine; errors raise
+        except Exception:
+            with self._lock:
+                self._cancel_failed(jobs, undo)
+            raise
         with self._lock:
             now = self._clock()
-            for i in ids:
-                for node_id in self.members(i):
-                    self._nodes.pop(node_id, None)
-                self._gone[i] = now
+            for job_id in jobs:
+                self._cancelling(job_id, now)
         self.cluster_dir.forget(dirs)
-        logger.info("Cancelled Slurm jobs %s", ", ".join(ids))
+        logger.info("Cancelled Slurm jobs %s", ", ".join(jobs))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
-            self.wait_for_jobs_to_end(ids)
+            self.teardown.wait_for_jobs_to_end(jobs, self._clock, self._sleep)
         return None
+
+    def _released(self, node_id: str) -> bool:
+        rec = self._nodes.get(node_id)
+        return (rec is not None and rec.phase is Phase.RELEASED) or self.gangs.released(node_id)
+
+    def _to_cancel(self, ids: list[str]) -> tuple[list[str], list[str], dict[str, Phase | None]]:
+        """`ids` as (jobs to cancel, node dirs to forget with them, each hidden record's phase
+        before, to restore if the scancel fails): one-node jobs as they are; gang members
+        released, and a gang job only once its last member is released."""
+        members = [i for i in ids if split(i)[1] is not None]
+        if not members:
+            return ids, ids, {}
+        undo: dict[str, Phase | None] = {}
+        with self._lock:
+            done = release(members, lambda j: group_size(self._nodes, j), self._released,
+                           self.gangs.release)
+            for member in members:  # it leaves the listing now; its group lives on
+                rec = self._nodes.get(member)
+                if split(member)[0] not in done and rec is not None:
+                    rec.phase = Phase.RELEASED
+            now = self._clock()
+            for job_id in done:  # cancelled from now: a listing meanwhile shows no member
+                undo.update(self._cancelling(job_id, now))
+            self._changed()
+        singles = [i for i in ids if split(i)[1] is None]
+        dirs = [*singles, *(m for j, n in done.items() for m in member_ids(j, n))]
+        return [*singles, *done], dirs, undo
+
+    def _cancelling(self, job_id: str, now: float) -> dict[str, Phase | None]:
+        """Hide a job's records (one for a job this process never listed); their phases."""
+        before: dict[str, Phase | None] = {}
+        for node_id in of_job(self._nodes, job_id):
+            rec = self._nodes[node_id]
+            before[node_id] = rec.phase
+            rec.phase = Phase.CANCELLING
+            rec.since = now
+        if not before:
+            stub = Job(job_id=job_id, name=job_name(self.cluster_name), state="CANCELLED")
+            self._nodes[job_id] = Node(stub, {}, Phase.CANCELLING, since=now)
+            before[job_id] = None
+        self._changed()
+        return before
+
+    def _cancel_failed(self, jobs: list[str], undo: dict[str, Phase | None]) -> None:
+        """None counts as cancelled: a group released whole is listed whole again, from a
+        fresh listing (no record reused), so the next terminate call cancels it."""
+        for node_id, phase in undo.items():
+            if phase is None:
+                self._nodes.pop(node_id, None)
+            elif node_id in self._nodes:
+                self._nodes[node_id].phase = phase
+        for job_id in jobs:  # one cancelled before: listed again, as if never cancelled
+            for node_id in of_job(self._nodes, job_id):
+                if node_id not in undo and self._nodes[node_id].phase is Phase.CANCELLING:
+                    del self._nodes[node_id]
+        self._last = None
+
+    # --- `ray down` ----------------------------------------------------------------------
+    def nodes_for_teardown(self, tag_filters: dict[str, str]) -> list[str]:
+        """Slurm lists every job of the cluster, so this is the listing; called by `ray down`
+        alone, it is where Ray's 5 s sleep after each terminate call is shortened."""
+        shorten_ray_down_poll()
+        return self.non_terminated_nodes(tag_filters)
+
+    def cleanup_cluster_resources(self) -> Any:
+        self.teardown.cleanup(self._clock, self._sleep)
 
     def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
                            cluster_name: str, process_runner: Any, use_internal_ip: bool,

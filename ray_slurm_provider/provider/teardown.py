@@ -14,11 +14,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from ray_slurm_provider import rayapi
-from ray_slurm_provider.jobs import job_name
-from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
+from ray_slurm_provider.slurm.client import Job, SlurmError
 from ray_slurm_provider.state import ClusterDir
 
 logger = logging.getLogger(__name__)
@@ -57,22 +55,16 @@ def wait_ended(list_jobs: Callable[[], list[Job]], ids: Iterable[str], *,
     return sorted(left)
 
 
-class TeardownHooks:
-    """The NodeProvider hooks only `ray down` calls (SlurmNodeProvider inherits them)."""
+class Teardown:
+    """What `ray down` needs beyond cancelling: sparing the job this process runs in, and
+    waiting until Slurm has ended the cluster's jobs. `list_jobs` lists the cluster."""
 
-    cluster_dir: ClusterDir
-    cluster_name: str
-    _clock: Callable[[], float]
-    _sleep: Callable[[float], None]
+    def __init__(self, cluster_dir: ClusterDir, list_jobs: Callable[[], list[Job]]) -> None:
+        self._cluster_dir = cluster_dir
+        self._list_jobs = list_jobs
 
-    @property
-    def slurm(self) -> SlurmClient:
-        raise NotImplementedError
-
-    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        raise NotImplementedError
-
-    def spare_own_job(self, ids: list[str]) -> list[str]:
+    @staticmethod
+    def spare_own_job(ids: list[str]) -> list[str]:
         """`ids` without the job this process runs in. The head's own autoscaler (its Ray
         carries RAY_CLOUD_INSTANCE_ID, agent/raystart.py) must never cancel the head: a
         `ray up` that restarts Ray on it stops the head's Ray node, which autoscaler v2 then
@@ -84,22 +76,16 @@ class TeardownHooks:
                        "stopped, e.g. for `ray up`); `ray down` ends the cluster", own)
         return [i for i in ids if i != own]
 
-    def wait_for_jobs_to_end(self, ids: Iterable[str]) -> list[str]:
-        return wait_ended(lambda: self.slurm.list_jobs(job_name(self.cluster_name)), ids,
-                          clock=self._clock, sleep=self._sleep)
+    def wait_for_jobs_to_end(self, ids: Iterable[str], clock: Callable[[], float],
+                             sleep: Callable[[float], None]) -> list[str]:
+        return wait_ended(self._list_jobs, ids, clock=clock, sleep=sleep)
 
-    def nodes_for_teardown(self, tag_filters: dict[str, str]) -> list[str]:
-        """Slurm lists every job of the cluster, so this is the listing; called by `ray down`
-        alone, it is where Ray's 5 s sleep after each terminate call is shortened."""
-        shorten_ray_down_poll()
-        return self.non_terminated_nodes(tag_filters)
-
-    def cleanup_cluster_resources(self) -> Any:
+    def cleanup(self, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
         """After `ray down`: wait until no job of the cluster is COMPLETING (one whose head
         was cancelled before Ray's teardown listed it, as seen with a container head, was
         never waited for in terminate_nodes), then forget every node's state and the head's
         address (the token and logs stay); a head.json its agent could not remove would name
         a dead head."""
-        self.wait_for_jobs_to_end([])
-        self.cluster_dir.forget(self.cluster_dir.known_nodes())
-        self.cluster_dir.clear_head()
+        self.wait_for_jobs_to_end([], clock, sleep)
+        self._cluster_dir.forget(self._cluster_dir.known_nodes())
+        self._cluster_dir.clear_head()

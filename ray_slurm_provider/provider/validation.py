@@ -138,13 +138,33 @@ def check_gangs(raw: Mapping[str, Any], node_types: Mapping[str, NodeType]) -> N
         # type per tick (at least 1): below N it asks for part of a group, the group's other
         # nodes arrive unasked, and the requests still queued then count as surplus against
         # max_workers, for which v2 terminates nodes, a fresh member among them (seen live).
+        # Unset, bootstrap_config sets it (gang_speed); only a value the YAML sets is checked.
         speed = raw.get("upscaling_speed")
-        if speed is None or float(speed) < n:
+        if isinstance(speed, (int, float)) and speed < n:
             raise ConfigError(
-                f"upscaling_speed: {speed if speed is not None else 'not set'} is below "
-                f"{where}.node_config.nodes {n}: the autoscaler would ask for part of a gang "
-                f"group at a time and then terminate nodes of it as surplus; valid: {n} or "
-                "more")
+                f"upscaling_speed: {speed} is below {where}.node_config.nodes {n}: the "
+                "autoscaler would ask for part of a gang group at a time and then terminate "
+                f"nodes of it as surplus; valid: {n} or more, or leave it unset (`ray up` "
+                "then sets the largest `nodes`)")
+
+
+def gang_speed(raw: Mapping[str, Any], cluster: ClusterConfig) -> tuple[int, str] | None:
+    """The `upscaling_speed` bootstrap_config sets when the YAML leaves it unset and a node
+    type is a gang: the largest `nodes` (a smaller one asks for part of a group, see
+    check_gangs), with the line that says so; None otherwise. Ray fills in no default of its
+    own before the provider sees the config (tests/unit/test_rayapi.py)."""
+    if "upscaling_speed" in raw:
+        return None
+    gangs = [(nt.node_config.nodes, t) for t, nt in cluster.node_types.items()
+             if nt.node_config.nodes > 1]
+    if not gangs:
+        return None
+    n, t = max(gangs, key=lambda g: g[0])
+    return n, (f"upscaling_speed: not set in the YAML, so `ray up` sets it to {n}, the "
+               f"largest gang `nodes` (available_node_types.{t}.node_config.nodes), so that "
+               f"the autoscaler asks for whole groups; other node types scale up faster too "
+               f"(up to ceil({n} x their running nodes) at a time instead of one); set "
+               f"upscaling_speed ({n} or more) to choose")
 
 
 def check_start_commands(raw: Mapping[str, Any]) -> None:

@@ -189,7 +189,7 @@ def test_a_preempted_worker_is_replaced_and_its_task_completes(
         assert "RESULT done" in out, out
         # The replacement was asked for at once, not when Ray gave up waiting for the
         # preempted worker's launch request (it was preempted within a tick of its launch
-        # and never listed; provider/snapshot.py keep_created).
+        # and never listed; provider/nodes.py: CREATED -> GHOST).
         assert not log_lines(c.monitor_log(), 0, r"queue again to launch after timeout")
         assert len(set(marker.read_text().split())) == 2 and first[0] in marker.read_text()
         lines = wait_for(lambda: [ln for ln in _ended(c, capsys) if worker in ln

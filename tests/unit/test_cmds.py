@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import io
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,89 @@ def test_render_builds_every_node_types_script_and_submits_nothing(
     assert fake.calls["submit"] == 0 and not (tmp_path / "state").exists()
 
 
+def in_order(text: str, *parts: str) -> bool:
+    """Each of `parts` occurs in `text`, after the one before it."""
+    at = 0
+    for part in parts:
+        at = text.find(part, at)
+        if at < 0:
+            return False
+        at += len(part)
+    return True
+
+
+def test_render_shows_the_commands_each_job_runs_in_the_order_they_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.17: the docs say render shows exactly what runs; the commands the head's job
+    runs (handed in by `ray up`) and a worker's start commands (run by its node agent) were
+    not in the batch scripts render printed, and a worker's script lacked `setup_commands`
+    (Ray puts them in front of worker_setup_commands before the provider sees the config)."""
+    fake = FakeSlurm()
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda *_: fake.cluster_info())
+    config = yaml.safe_load(SANDBOX_YAML.read_text())
+    config["provider"]["state_dir"] = str(tmp_path / "state")
+    config.update(initialization_commands=["echo init-1"], setup_commands=["echo setup-1"],
+                  head_setup_commands=["echo head-setup-1"],
+                  worker_setup_commands=["echo worker-setup-1"],
+                  worker_start_ray_commands=["echo before-start-1",
+                                             "ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"])
+    config["available_node_types"]["cpu_worker"]["node_config"]["prologue"] = ["echo pro-1"]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert validate.cmd_render(argparse.Namespace(config=str(path), node_type=None)) == 0
+    out = capsys.readouterr().out
+    head, cpu, gpu = re.split(r"(?m)^# ===== (?=\w+ node type)", out)[1:]
+    assert in_order(head, "run inside the job", "initialization_commands", "by `ray up`",
+                    "echo init-1", "setup_commands + head_setup_commands", "echo setup-1",
+                    "echo head-setup-1", "head_start_ray_commands", "by the node agent",
+                    "ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml")
+    assert "worker-setup-1" not in head and "before-start-1" not in head
+    # A worker: its script's own lines, then its agent's start commands.
+    assert in_order(cpu, "echo pro-1\necho init-1\necho setup-1\necho worker-setup-1\n",
+                    "run inside the job", "prologue", "in the batch script",
+                    "initialization_commands", "setup_commands + worker_setup_commands",
+                    "worker_start_ray_commands", "by the node agent", "echo before-start-1",
+                    "ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT")
+    assert "head-setup-1" not in cpu and "echo setup-1" in gpu
+
+
+def gang_cluster(tmp_path: Path) -> Cluster:
+    """The sandbox's cluster with `cpu_worker` a gang of 2 and no `upscaling_speed`."""
+    config = yaml.safe_load(SANDBOX_YAML.read_text())
+    config["provider"]["state_dir"] = str(tmp_path / "state")
+    del config["upscaling_speed"]
+    config["available_node_types"]["cpu_worker"]["node_config"]["nodes"] = 2
+    config["available_node_types"]["cpu_worker"]["max_workers"] = 2
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return load_cluster(str(path))
+
+
+SPEED_NOTE = ("upscaling_speed: not set in the YAML, so `ray up` sets it to 2, the largest "
+              "gang `nodes` (available_node_types.cpu_worker.node_config.nodes)")
+
+
+def test_validate_and_render_say_they_set_upscaling_speed_for_a_gang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.5: the speed `ray up` sets is named, and that it speeds up other types too."""
+    fake = FakeSlurm()
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda *_: fake.cluster_info())
+    c = gang_cluster(tmp_path)
+    c.client_factory = lambda pcfg: fake
+    found = validate.validate_findings(c)
+    assert "fail" not in levels(found), found
+    (note,) = [f for f in found if f.what == "upscaling_speed"]
+    assert note.level == "info" and f"upscaling_speed: {note.message}".startswith(SPEED_NOTE)
+    assert "other node types scale up faster too" in note.message
+    assert validate.cmd_render(argparse.Namespace(config=c.path, node_type=None)) == 0
+    out = capsys.readouterr().out
+    assert f"# {SPEED_NOTE}" in out and "other node types scale up faster too" in out
+
+
 def test_status_rows_from_one_listing(tmp_path: Path) -> None:
     fake = FakeSlurm()
     c = cluster(tmp_path, fake)
@@ -147,7 +232,7 @@ def test_status_shows_a_gang_as_one_job_with_its_nodes_beneath(tmp_path: Path) -
     c.cdir.create()
     c.cdir.node(f"{gang}.0").write_ray_up(RayUp(ip="127.0.0.3", job_id=gang))
     c.cdir.node(f"{gang}.1").path.mkdir(parents=True)
-    c.cdir.node(f"{gang}.1").request_stop()
+    c.cdir.node(f"{gang}.1").release()
     data = status.status_data(c)
     (row,) = data["nodes"]
     assert row["job_id"] == gang and row["node"] == "n[2-3]"

@@ -108,7 +108,37 @@ def test_which_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
                                         f"{tmp_path}/.config/ray-slurm/defaults.yaml"]
     assert defaults.default_paths({defaults.ENV: "/a.yaml::/b.yaml"}) == ["/a.yaml", "/b.yaml"]
     assert defaults.default_paths({defaults.ENV: ""}) == []
-    assert defaults.apply(cluster_yaml(), [str(tmp_path / "missing.yaml")]) == {}
+    monkeypatch.setattr(defaults, "SITE_FILE", str(tmp_path / "no-site.yaml"))
+    assert defaults.apply(cluster_yaml()) == {}  # the default files may be absent
+
+
+def test_a_named_defaults_file_that_is_missing_is_an_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.13: a typo in RAY_SLURM_DEFAULTS silently dropped the site's partition and
+    account; a file it names must exist."""
+    site = write(tmp_path, "site.yaml", SITE)
+    typo = str(tmp_path / "usr.yaml")
+    monkeypatch.setenv(defaults.ENV, f"{site}:{typo}")
+    with pytest.raises(ConfigError, match=rf"^{typo}: no such defaults file \(named in "
+                                          r"RAY_SLURM_DEFAULTS\)"):
+        defaults.apply(cluster_yaml())
+    with pytest.raises(ConfigError, match=rf"^{typo}: no such defaults file"):
+        defaults.apply(cluster_yaml(), [typo])
+    path = write(tmp_path, "c.yaml", cluster_yaml())
+    assert main(["validate", path, "--offline"]) == 2
+    assert f"{typo}: no such defaults file" in capsys.readouterr().err
+
+
+def test_a_tilde_in_ray_slurm_defaults_is_the_home_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path, "site.yaml", SITE)
+    monkeypatch.setenv(defaults.ENV, "~/site.yaml")
+    assert defaults.default_paths() == [f"{tmp_path}/site.yaml"]
+    config = cluster_yaml()
+    defaults.apply(config)
+    assert config["available_node_types"]["w"]["node_config"]["account"] == "site-acct"
 
 
 def offline(config: Any = None) -> Any:

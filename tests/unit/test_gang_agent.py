@@ -103,5 +103,14 @@ def test_a_member_released_before_its_ray_started_never_starts_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, envs = member(tmp_path, monkeypatch, [])
     a.ndir.path.mkdir(parents=True)
-    a.ndir.request_stop()
+    a.ndir.release()
+    assert a.main() == 0 and envs == []
+
+
+def test_a_member_released_by_the_previous_release_never_starts_either(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider of the previous release wrote only `stop` (remove after the next release)."""
+    a, envs = member(tmp_path, monkeypatch, [])
+    a.ndir.path.mkdir(parents=True)
+    (a.ndir.path / "stop").touch()
     assert a.main() == 0 and envs == []

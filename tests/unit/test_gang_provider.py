@@ -71,7 +71,7 @@ def test_a_released_member_leaves_and_the_job_ends_with_its_last_member(
     p.non_terminated_nodes({})
     p.terminate_node("1000.0")  # idle: released, its Ray stops; the group's job stays
     assert f.cancelled == []
-    assert p.cluster_dir.node("1000.0").stop_requested()
+    assert p.cluster_dir.node("1000.0").released()
     assert p.non_terminated_nodes({}) == ["1000.1"]
     p.terminate_nodes(["1000.1"])  # the last member: the whole job goes
     assert f.cancelled == [["1000"]]
@@ -109,6 +109,24 @@ def test_a_released_member_stays_released_for_a_new_provider(tmp_path: Path) -> 
     assert q.non_terminated_nodes({}) == ["1000.0"]
     q.terminate_node("1000.0")
     assert f.cancelled == [["1000"]]
+
+
+def test_legacy_stop_files_both_ways(tmp_path: Path) -> None:
+    """For one release (state.py): a release also writes the `stop` an agent of the previous
+    release reads, and a member the previous release's provider released (`stop` alone)
+    stays released for this one."""
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 4)
+    p.non_terminated_nodes({})
+    p.terminate_node("1000_0.0")
+    assert (p.cluster_dir.node("1000_0.0").path / "stop").exists()
+    old = p.cluster_dir.node("1000_1.1").path
+    old.mkdir(parents=True)
+    (old / "stop").touch()  # the previous release's provider released it
+    q, _ = make(tmp_path, f)
+    assert sorted(q.non_terminated_nodes({})) == ["1000_0.1", "1000_1.0"]
+    q.terminate_node("1000_1.0")
+    assert f.cancelled == [["1000_1"]]
 
 
 def test_autoscaler_v2_adopts_the_members_it_did_not_ask_for(tmp_path: Path) -> None:
@@ -188,25 +206,24 @@ def test_a_member_terminated_before_any_listing_leaves_its_group_be(tmp_path: Pa
 def test_a_listing_in_flight_while_a_member_is_released_does_not_bring_it_back(
         tmp_path: Path) -> None:
     """v2 terminates from its own thread: a listing that read Slurm before the release must
-    not restore the member, neither then nor on the steady ticks after."""
-    from ray_slurm_provider.provider import provider as module
-
+    not restore the member, neither then nor on the steady ticks after. (The records move on
+    under the provider's lock, so "meanwhile" is while Slurm's answer is in flight.)"""
     p, f = make(tmp_path, fake())
     p.create_node(GANG, TAGS, 2)
     p.non_terminated_nodes({})
     f.start("1000", "n[1-2]")
-    real = module.take
+    real = f.list_jobs
 
-    def take_then_release(*a: Any, **kw: Any) -> Any:
-        snap = real(*a, **kw)  # the listing's records, 1000.1 among them
+    def list_then_release(name: str) -> list[Any]:
+        jobs = real(name)  # the listing: job 1000, so 1000.1 among its nodes
         p.terminate_node("1000.1")  # "meanwhile", on the executor's thread
-        return snap
+        return jobs
 
-    module.take = take_then_release  # type: ignore[assignment]
+    f.list_jobs = list_then_release  # type: ignore[method-assign]
     try:
         assert p.non_terminated_nodes({}) == ["1000.0"]
     finally:
-        module.take = real
+        f.list_jobs = real  # type: ignore[method-assign]
     assert p.non_terminated_nodes({}) == ["1000.0"] == p.non_terminated_nodes({})
 
 
@@ -222,7 +239,7 @@ def test_a_group_we_cancelled_is_no_crash_and_a_reused_job_id_starts_fresh(
     # Slurm's ids start again (a new controller state): old member dirs must not count.
     stale = p.cluster_dir.node("1001.1")
     stale.path.mkdir(parents=True)
-    stale.request_stop()
+    stale.release()
     q, _ = make(tmp_path, FakeSlurm(nodes=fake().nodes.values(), first_id=1001,
                                     partitions=fake().partitions))
     assert sorted(q.create_node(GANG, TAGS, 2)) == ["1001.0", "1001.1"]
@@ -233,21 +250,19 @@ def test_a_group_we_cancelled_is_no_crash_and_a_reused_job_id_starts_fresh(
 def test_a_group_created_while_a_listing_is_in_flight_keeps_its_size(tmp_path: Path) -> None:
     """The listing that started before the create does not list the job yet; releasing one
     member afterwards must still leave the group be (its N is not forgotten)."""
-    from ray_slurm_provider.provider import provider as module
-
     p, f = make(tmp_path, fake())
-    real = module.take
+    real = f.list_jobs
 
-    def create_meanwhile(*a: Any, **kw: Any) -> Any:
-        snap = real(*a, **kw)
+    def create_meanwhile(name: str) -> list[Any]:
+        jobs = real(name)
         p.create_node(GANG, TAGS, 2)  # on another thread, while this listing is in flight
-        return snap
+        return jobs
 
-    module.take = create_meanwhile  # type: ignore[assignment]
+    f.list_jobs = create_meanwhile  # type: ignore[method-assign]
     try:
-        p.non_terminated_nodes({})
+        assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]
     finally:
-        module.take = real
+        f.list_jobs = real  # type: ignore[method-assign]
     p.terminate_node("1000.0")
     assert f.cancelled == []
 

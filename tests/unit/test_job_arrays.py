@@ -252,8 +252,10 @@ def test_a_site_that_refuses_arrays_gets_single_jobs_without_a_back_off(tmp_path
     assert len(first) == 3 and len(second) == 2 and all("_" not in j for j in [*first, *second])
     # Asked until an array of 2 was refused too (3, then 2); single jobs from then on.
     assert f.calls["submit_array"] == 2
-    assert not (p.cluster_dir.root / "errors.json").exists() or \
-        "cpu_worker" not in json.loads((p.cluster_dir.root / "errors.json").read_text())
+    # A refused array is no launch error: the type is never held back, and `ray-slurm
+    # status` has no error to show (errors.json is written only for one).
+    assert p.guard.arrays_refused and p.guard.error("cpu_worker") is None
+    assert not (p.cluster_dir.root / "errors.json").exists()
 
 
 def test_arrays_over_the_sites_max_array_size_are_split_not_given_up(tmp_path: Path) -> None:
@@ -344,4 +346,7 @@ def test_the_nodes_a_limit_let_through_are_recorded_and_logged(
     with caplog.at_level("INFO"), pytest.raises(NodeLaunchException):
         p.create_node_with_resources_and_labels({}, WORKER_TAGS, 5, {"CPU": 1}, {})
     assert "Submitted Slurm job(s) 1000, 1001 for workers of node type cpu_worker" in caplog.text
-    assert set(p._born) == {"1000", "1001"} and set(p._nodes) == {"1000", "1001"}
+    from ray_slurm_provider.provider.nodes import Phase
+
+    assert {i for i, r in p._nodes.items() if r.phase is Phase.CREATED} == {"1000", "1001"}
+    assert set(p._nodes) == {"1000", "1001"}

@@ -18,6 +18,7 @@ from ray.autoscaler.tags import (
 )
 
 from ray_slurm_provider.config import ConfigError
+from ray_slurm_provider.provider.nodes import Phase
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.slurm.client import TransientSlurmError
 from ray_slurm_provider.slurm.script import JobSpec, render
@@ -305,7 +306,7 @@ def test_forgets_cancelled_jobs_once_slurm_has_dropped_them(tmp_path: Path) -> N
     ids = list(p.create_node_with_resources_and_labels({}, WORKER_TAGS, 3, {"CPU": 1}, {}))
     p.terminate_nodes(ids)
     p.non_terminated_nodes({})
-    assert p._gone == {}
+    assert [r for r in p._nodes.values() if r.phase is Phase.CANCELLING] == []
 
 
 @pytest.mark.parametrize("state", ["REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "SUSPENDED",

@@ -104,6 +104,47 @@ def test_bootstrap_config_puts_setup_commands_before_the_heads_once() -> None:
         "echo init", "mkdir /tmp/x", "echo h", "ray start --head"]
 
 
+class SeeingProvider(FakeProvider):
+    """Records the config Ray hands the provider's bootstrap hook."""
+
+    seen: list[dict[str, Any]] = []
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        SeeingProvider.seen.append(json.loads(json.dumps(cluster_config)))
+        return cluster_config
+
+
+def test_ray_up_hands_the_provider_upscaling_speed_only_when_the_yaml_sets_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What bootstrap_config relies on to fill `upscaling_speed` for a gang (issue 26.5):
+    for an external provider Ray's preparation (prepare_config -> fillout_defaults, whose
+    defaults have no upscaling_speed) does not fill it in before the provider's hook."""
+    monkeypatch.setattr(SeeingProvider, "seen", [])
+    module = {"type": "external", "module": f"{__name__}.SeeingProvider"}
+    unset = config(provider=module)
+    del unset["upscaling_speed"]
+    assert "upscaling_speed" not in rayapi.bootstrap_config(unset)
+    rayapi.bootstrap_config(config(provider=module, upscaling_speed=4))
+    assert [c.get("upscaling_speed") for c in SeeingProvider.seen] == [None, 4]
+
+
+def test_merge_setup_commands_is_the_merge_of_rays_own_preparation() -> None:
+    """`ray-slurm render` merges as `ray up` does: setup_commands before the head's and the
+    workers' own, once."""
+    commands = {"setup_commands": ["s"], "head_setup_commands": ["h"],
+                "worker_setup_commands": ["w"]}
+    resolved = rayapi.bootstrap_config(config(**commands))
+    merged = dict(commands)
+    rayapi.merge_setup_commands(merged)
+    for key in commands:
+        assert merged[key] == resolved[key]
+    assert merged["worker_setup_commands"] == ["s", "w"]
+    bare: dict[str, Any] = {}
+    rayapi.merge_setup_commands(bare)
+    assert bare == {"setup_commands": [], "head_setup_commands": [], "worker_setup_commands": []}
+
+
 def updater(provider: FakeProvider, **commands: list[str]) -> Any:
     from ray.autoscaler._private.updater import NodeUpdater
 

@@ -78,7 +78,7 @@ def test_ray_stop_never_runs_bare(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     r.ndir.write_ray_up(RayUp(ip="x", job_id=r.node_id))
 
     def agent_stops() -> None:  # what the head agent does when it sees the stop file
-        while not r.ndir.stop_requested():
+        while not r.ndir.ray_stop_requested():
             pass
         r.ndir.clear_ray_up()
 

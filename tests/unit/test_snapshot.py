@@ -160,41 +160,76 @@ def _job(job_id: str, state: str = "RUNNING", **tags: str) -> Any:
     return Job(job_id=job_id, name="ray-c", state=state, comment=comment)
 
 
-def test_take_keeps_ours_drops_gone_inactive_and_foreign_and_finds_strays() -> None:
+class Dir:
+    """A cluster directory's answers, from memory."""
+
+    def __init__(self, tags: dict[str, dict[str, str]] | None = None,
+                 up: set[str] | None = None, released: set[str] | None = None) -> None:
+        self._tags = tags or {}
+        self.up = up or set()
+        self._released = released or set()
+        self.reads: list[str] = []
+
+    def tags(self, job_id: str) -> dict[str, str]:
+        self.reads.append(job_id)
+        return dict(self._tags.get(job_id, {}))
+
+    def ray_up(self, job_id: str) -> bool:
+        return job_id in self.up
+
+    def released(self, node_id: str) -> bool:
+        return node_id in self._released
+
+
+def _advance(prev: dict[str, Any], jobs: list[Any], files: Dir | None = None,
+             stray: Any = lambda n: False, reuse: bool = True, listing: int = 1) -> Any:
+    from ray_slurm_provider.provider.nodes import Rules, advance
+
+    return advance(prev, jobs, listing=listing, now=0.0, reuse=reuse, files=files or Dir(),
+                   rules=Rules(submit_tag="nonce", watch_workers=True, gone_ttl_s=120.0),
+                   stray=stray)
+
+
+def test_advance_keeps_ours_drops_cancelled_inactive_and_foreign_and_finds_strays() -> None:
     from ray_slurm_provider.jobs import encode_tags as enc
-    from ray_slurm_provider.provider.snapshot import take
+    from ray_slurm_provider.provider.nodes import Node, Phase
     from ray_slurm_provider.slurm.client import Job
 
     jobs = [_job("1"), _job("2", "COMPLETING"), _job("3"), _job("4", nonce="bad"),
             Job(job_id="5", name="ray-c", state="RUNNING", comment="someone else's"),
             Job(job_id="6", name="ray-c", state="PENDING", comment=enc({"nonce": "ok"}))]
-    snap = take(jobs, {}, gone={"3"}, stray=lambda n: n == "bad", submit_tag="nonce",
-                tags=lambda node_id, job, created: {**created, "seen": node_id})
-    assert sorted(snap.nodes) == ["1", "6"] and snap.strays == ["4"]
-    assert snap.nodes["6"].tags == {"seen": "6"}  # the submit tag is not a node tag
+    cancelled = {"3": Node(_job("3"), {}, Phase.CANCELLING, since=0.0)}
+    tick = _advance(cancelled, jobs, Dir(tags={"6": {"seen": "6"}}), stray=lambda n: n == "bad")
+    assert tick.shown == ["1", "6"] and tick.events.strays == ["4"]
+    assert tick.nodes["6"].tags == {"seen": "6"}  # the submit tag is not a node tag
+    assert tick.nodes["3"].phase is Phase.CANCELLING  # hidden while Slurm lists it
 
 
-def test_take_reuses_an_unchanged_record_with_the_fresh_job() -> None:
-    from ray_slurm_provider.provider.snapshot import NodeRecord, take
+def test_advance_reuses_an_unchanged_record_with_the_fresh_job() -> None:
+    from ray_slurm_provider.provider.nodes import Node
 
-    old = NodeRecord(_job("1"), {"kept": "yes"})
+    old = Node(_job("1"), {"kept": "yes"})
     fresh = replace(_job("1"), time_left_s=5)
-    snap = take([fresh], {"1": old}, gone=set(), stray=lambda n: False, submit_tag="nonce",
-                tags=lambda node_id, job, created: {"rebuilt": "yes"})
-    assert snap.nodes["1"] is old and old.tags == {"kept": "yes"} and old.job is fresh
+    files = Dir(tags={"1": {"rebuilt": "yes"}})
+    tick = _advance({"1": old}, [fresh], files)
+    assert tick.nodes["1"] is old and old.tags == {"kept": "yes"} and old.job is fresh
+    assert files.reads == []
+    assert _advance({"1": old}, [fresh], files, reuse=False).nodes["1"].tags["rebuilt"] == "yes"
 
 
-def test_vanished_workers_are_listed_workers_that_left_unless_cancelled_by_us() -> None:
-    from ray_slurm_provider.provider.snapshot import NodeRecord, vanished_workers
+def test_ended_workers_are_shown_workers_that_left_unless_cancelled_by_us() -> None:
+    from ray_slurm_provider.provider.nodes import Node, Phase
 
-    before = {"1": NodeRecord(_job("1"), {KIND: "worker"}),
-              "2": NodeRecord(_job("2", "PENDING"), {KIND: "worker"}),
-              "3": NodeRecord(_job("3"), {KIND: "head"}),
-              "4": NodeRecord(_job("4"), {KIND: "worker"}),
-              "5": NodeRecord(_job("5"), {KIND: "worker"})}
-    now = {"5": before["5"]}
-    before["6"] = NodeRecord(_job("6", "COMPLETING"), {KIND: "worker"})  # already ending
-    assert [j for j, _ in vanished_workers(before, now, gone={"4"})] == ["1", "2"]
+    prev = {"1": Node(_job("1"), {KIND: "worker"}),
+            "2": Node(_job("2", "PENDING"), {KIND: "worker"}),
+            "3": Node(_job("3"), {KIND: "head"}),
+            "4": Node(_job("4"), {KIND: "worker"}, Phase.CANCELLING),
+            "5": Node(_job("5"), {KIND: "worker"}),
+            "6": Node(_job("6", "COMPLETING"), {KIND: "worker"}),  # already ending
+            "7": Node(_job("7"), {KIND: "worker"}, Phase.RAY_UP)}
+    tick = _advance(prev, [_job("5")], Dir(up={"7"}))
+    assert [j for j, _ in tick.events.crashed] == ["1", "2"]
+    assert tick.events.orphans == ["7"]
 
 
 def test_a_steady_tick_reuses_every_record_and_still_moves_the_heads_time_left(
@@ -203,7 +238,7 @@ def test_a_steady_tick_reuses_every_record_and_still_moves_the_heads_time_left(
     tags written, nothing cancelled or created and no worker still setting up is last tick's
     view; only the head's time left moves."""
     from ray_slurm_provider.provider import provider as provider_module
-    from ray_slurm_provider.provider.snapshot import take
+    from ray_slurm_provider.provider.nodes import advance
     from tests.unit.test_provider import HEAD_TAGS, WORKER_TAGS, make
 
     p, f = make(tmp_path)
@@ -227,8 +262,8 @@ def test_a_steady_tick_reuses_every_record_and_still_moves_the_heads_time_left(
     first = sorted(p.non_terminated_nodes({}))
     tags = {i: p.node_tags(i) for i in first}
     calls: list[int] = []
-    monkeypatch.setattr(provider_module, "take",
-                        lambda *a, **k: calls.append(1) or take(*a, **k))
+    monkeypatch.setattr(provider_module, "advance",
+                        lambda *a, **k: calls.append(1) or advance(*a, **k))
     seen: list[str] = []
     monkeypatch.setattr(p.head_time, "observe", lambda job: seen.append(job.job_id) or False)
     assert sorted(p.non_terminated_nodes({})) == first

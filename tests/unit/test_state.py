@@ -62,16 +62,52 @@ def test_node_files_keep_their_json(tmp_path: Path) -> None:
 def test_missing_files_read_as_none_and_markers(tmp_path: Path) -> None:
     n = cdir(tmp_path).node("7")
     assert (n.read_agent(), n.read_ray_up(), n.read_start(), n.read_result()) == (None,) * 4
-    assert not n.agent_up() and not n.ray_up() and not n.stop_requested()
+    assert not n.agent_up() and not n.ray_up() and not n.ray_stop_requested()
     with pytest.raises(OSError):
-        n.request_stop()  # a node without a directory is gone: nothing to stop
+        n.request_ray_stop()  # a node without a directory is gone: nothing to stop
     n.write_ray_up(RayUp(ip="x", job_id="7"))
     assert n.ray_up() and cdir(tmp_path).ray_up("7")
-    n.request_stop()
-    assert n.stop_requested() and (n.path / "stop").exists()
-    n.clear_stop()
+    n.request_ray_stop()
+    assert n.ray_stop_requested() and (n.path / "ray-stop").exists()
+    n.clear_ray_stop()
     n.clear_ray_up()
-    assert not n.stop_requested() and not n.ray_up() and not cdir(tmp_path).ray_up("7")
+    assert not n.ray_stop_requested() and not n.ray_up() and not cdir(tmp_path).ray_up("7")
+
+
+MARKERS = [("request_ray_stop", "ray_stop_requested", "ray-stop"),
+           ("release", "released", "released"),
+           ("mark_orphan", "orphaned", "orphan")]
+
+
+@pytest.mark.parametrize(("write", "read", "name"), MARKERS)
+def test_each_marker_means_one_thing_and_writes_the_legacy_stop(
+        tmp_path: Path, write: str, read: str, name: str) -> None:
+    """Issue 25: one file per meaning; each writer also writes the legacy `stop`, which is
+    all an agent of the previous release reads (remove after the next release)."""
+    n = cdir(tmp_path).node("7")
+    n.path.mkdir(parents=True)
+    getattr(n, write)()
+    assert (n.path / name).exists() and (n.path / "stop").exists()
+    assert [getattr(n, r)() for _, r, _ in MARKERS] == [r == read for _, r, _ in MARKERS]
+
+
+@pytest.mark.parametrize(("write", "read", "name"), MARKERS)
+def test_a_legacy_stop_alone_counts_as_every_marker(tmp_path: Path, write: str, read: str,
+                                                    name: str) -> None:
+    """A `stop` the previous release wrote (no new marker beside it) stops the node in every
+    reader, as it did then."""
+    n = cdir(tmp_path).node("7")
+    n.path.mkdir(parents=True)
+    (n.path / "stop").touch()
+    assert getattr(n, read)()
+
+
+def test_clearing_a_ray_stop_clears_the_legacy_stop(tmp_path: Path) -> None:
+    n = cdir(tmp_path).node("7")
+    n.path.mkdir(parents=True)
+    (n.path / "stop").touch()  # the previous release's `ray stop`
+    n.clear_ray_stop()
+    assert not n.ray_stop_requested() and not (n.path / "stop").exists()
 
 
 def test_older_and_malformed_files(tmp_path: Path) -> None:

@@ -179,7 +179,28 @@ def test_stop_file_from_the_provider_ends_the_worker(tmp_path: Path) -> None:
     w, cdir = watch(tmp_path, clock, port)
     assert w.check() is None
     cdir.node("9").path.mkdir(parents=True)
-    cdir.node("9").request_stop()
+    cdir.node("9").mark_orphan()
+    assert "Slurm no longer counts this job as running" in (w.check() or "")
+
+
+@pytest.mark.parametrize(("marker", "reason"), [
+    ("release", "the autoscaler released this gang member"),
+    ("request_ray_stop", "`ray stop` was asked for this node")])
+def test_a_released_member_or_a_ray_stop_ends_the_worker(tmp_path: Path, marker: str,
+                                                        reason: str) -> None:
+    clock, port = FakeClock(), Port()
+    w, cdir = watch(tmp_path, clock, port)
+    cdir.node("9").path.mkdir(parents=True)
+    getattr(cdir.node("9"), marker)()
+    assert w.check() == reason
+
+
+def test_a_legacy_stop_file_still_ends_the_worker(tmp_path: Path) -> None:
+    """Written by a provider of the previous release (remove after the next release)."""
+    clock, port = FakeClock(), Port()
+    w, cdir = watch(tmp_path, clock, port)
+    cdir.node("9").path.mkdir(parents=True)
+    (cdir.node("9").path / "stop").touch()
     assert "Slurm no longer counts this job as running" in (w.check() or "")
 
 
@@ -192,7 +213,8 @@ def test_provider_stops_the_orphaned_ray_of_an_ended_job(tmp_path: Path) -> None
     p.non_terminated_nodes({})
     f.finish(job, "NODE_FAIL")
     assert p.non_terminated_nodes({}) == []
-    assert p.cluster_dir.node(job).stop_requested()
+    assert p.cluster_dir.node(job).orphaned()
+    assert (p.cluster_dir.node(job).path / "stop").exists()  # for an agent of the last release
     assert p.guard.error("cpu_worker") is None  # Ray was up: not a crash at start
 
 
