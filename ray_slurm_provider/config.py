@@ -157,6 +157,12 @@ class ProviderConfig:
         "How long a running head job waits for `ray up` to hand it the start command before "
         "it gives up and ends.",
         1800)
+    oneshot_runs_kept: NonNegative = doc(
+        "Each `ray-slurm sbatch` run is its own cluster with its own directory "
+        "`<state_dir>/<cluster_name>-<run id>/` (logs, staged working dir). Of a config's runs "
+        "that have ended, the newest this many keep their directory; older ones are removed "
+        "by the next `ray-slurm sbatch`, `run` or `status` of that config.",
+        20)
     object_store_fraction: Fraction = doc(
         "Object store size as a fraction of the node's memory, when `object_store_memory` is "
         "not set for the node type.",

@@ -40,6 +40,24 @@ def bootstrap_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def drop_config_cache(config_file: str) -> None:
+    """Remove Ray's cached resolution of the YAML at `config_file`, as Ray keys it (the
+    prepared config's SHA-256 in the temp dir). `ray down` has no --no-config-cache: without
+    this it would resolve the YAML with values from before an edit of a defaults file."""
+    import hashlib
+    import tempfile
+
+    import yaml
+    from ray.autoscaler._private.util import prepare_config
+
+    try:
+        config = prepare_config(yaml.safe_load(Path(config_file).read_text()))
+    except Exception:
+        return  # Ray refuses the YAML: its own command says why
+    key = hashlib.sha256(json.dumps([config], sort_keys=True).encode("utf-8")).hexdigest()
+    Path(tempfile.gettempdir(), f"ray-config-{key}").unlink(missing_ok=True)
+
+
 def merge_setup_commands(config: dict[str, Any]) -> None:
     """Ray's own step of `ray up`'s preparation that puts `setup_commands` in front of
     `head_setup_commands` and of `worker_setup_commands`, in place (a missing key counts as

@@ -66,7 +66,10 @@ class HeadAgent(Agent):
                 if self.oneshot_code is not None:
                     log(f"the job ends with the entrypoint's exit code {self.oneshot_code}")
                     return self.oneshot_code
-                return code or oneshot.CLUSTER_FAILED
+                # Setup or `ray start` failed: never an exit code an entrypoint could give.
+                log(f"the cluster failed before the entrypoint ran (exit {code}); the job ends "
+                    f"with {oneshot.CLUSTER_FAILED}")
+                return oneshot.CLUSTER_FAILED
             if self.terminating or not self.interrupted:
                 log(f"{self.ray_ended(code)}; the job ends")
                 return code

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from ray_slurm_provider.cli import oneshots
 from ray_slurm_provider.cli.common import (
     CliError,
     Cluster,
@@ -127,6 +128,8 @@ def ray_logs(cluster: Cluster, job: str, name: str | None) -> list[str]:
 def cmd_logs(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config)
+        if args.run:
+            cluster = oneshots.find(cluster, args.run)
         job = resolve_job(cluster, args.job)
         if args.ray is not None:
             if job is None:
@@ -168,3 +171,5 @@ def register(sub: Any) -> None:
                    help="the job's Ray session logs, kept when it ended: the list, or FILE")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     p.add_argument("--lines", "-n", type=int, default=0, help="only the last N lines")
+    p.add_argument("--run", metavar="ID", help="a `ray-slurm sbatch` run of the config (its run "
+                   "id, or its cluster name)")

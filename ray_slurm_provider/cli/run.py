@@ -16,24 +16,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ray_slurm_provider import proc
+from ray_slurm_provider import proc, rayapi
 from ray_slurm_provider.agent import oneshot
+from ray_slurm_provider.cli import oneshots
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
-from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.jobs import decode_tags
+from ray_slurm_provider.slurm.client import Job, SlurmError
 
 CLUSTER_FAILED = oneshot.CLUSTER_FAILED
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 HEAD_CHECK_EVERY = 10  # polls between asking Slurm whether the head job still runs
 DOWN_TIMEOUT_S = 600.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HINT_HEADINGS = ("To terminate the cluster:", "To monitor autoscaling:")
+_NOT_FOR_RUN = re.compile(r"\bray down\b|/monitor\*")
 
 
 class Interrupted(BaseException):
@@ -123,6 +130,18 @@ def running_head(cluster: Cluster) -> str | None:
     return head.job_id if any(j.job_id == head.job_id and j.active for j in jobs) else None
 
 
+def starting_head(cluster: Cluster, up: str | None) -> Job | None:
+    """A head job of the cluster that Slurm lists but that is not up (PENDING, CONFIGURING,
+    or running while Ray starts): a second `ray up` now would bring up the same cluster."""
+    from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+
+    for j in cluster.client.list_jobs(cluster.job_name):
+        tags = decode_tags(j.comment) or {}
+        if j.active and j.job_id != up and tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            return j
+    return None
+
+
 def own_env() -> dict[str, str]:
     """Our environment with this Python's bin dir first on PATH. The head job inherits it:
     an entrypoint's `python` is then the one `ray-slurm` runs in, even if not activated."""
@@ -130,11 +149,34 @@ def own_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+def relay(src: Iterable[str], out: TextIO) -> None:
+    """Copy `ray`'s output line by line, less the hints that do not apply to `run`: to
+    `ray down` (run does) and to tail monitor logs under /tmp/ray (not where Ray logs here)."""
+    skipped = False
+    for line in src:
+        plain = _ANSI.sub("", line).strip()
+        if plain in _HINT_HEADINGS or _NOT_FOR_RUN.search(plain) or (skipped and not plain):
+            skipped = bool(plain)  # the blank line after a dropped hint goes with it
+            continue
+        skipped = False
+        out.write(line)
+        out.flush()
+
+
 def ray_cli(args: list[str], timeout: float) -> int:
-    """`ray ARGS` from this Python's environment, output on stderr, in its own session."""
+    """`ray ARGS` from this Python's environment, output on stderr (through `relay`), in its
+    own session."""
     ray = Path(sys.executable).with_name("ray")
-    return proc.run_in_group([str(ray) if ray.exists() else "ray", *args], timeout=timeout,
-                             stdout=2, env=own_env())
+    r, w = os.pipe()
+    reader = threading.Thread(target=relay, args=(os.fdopen(r, errors="replace"), sys.stderr),
+                              daemon=True, name="ray-output")
+    reader.start()
+    try:
+        return proc.run_in_group([str(ray) if ray.exists() else "ray", *args],
+                                 timeout=timeout, stdout=w, env=own_env())
+    finally:
+        os.close(w)
+        reader.join(10)  # Ray's last lines before ours
 
 
 def connect(cluster: Cluster) -> Any:
@@ -163,9 +205,15 @@ class Runner:
 
     def run(self) -> int:
         try:
+            oneshots.sweep(self.cluster)
             up = running_head(self.cluster)
+            starting = starting_head(self.cluster, up)
         except SlurmError as e:
             raise CliError(f"cannot ask Slurm whether the cluster is up: {e}") from e
+        if starting is not None:
+            raise CliError(f"cluster {self.cluster.name!r} is not up yet: its head job "
+                           f"{starting.job_id} is {starting.state}; wait until it is up "
+                           f"(then add --reuse), or cancel it: ray down -y {self.plan.config}")
         if up and not self.plan.reuse:
             raise CliError(f"cluster {self.cluster.name!r} is already up (head job {up}); "
                            "add --reuse to run on it, or `ray down` it first")
@@ -175,7 +223,9 @@ class Runner:
         try:
             if created:
                 wait = self.cluster.pcfg.head_wait_s + 600.0
-                if self.ray(["up", "-y", self.plan.config], wait) != 0:
+                # Resolved afresh, as `sbatch` does: Ray's cache is keyed by the YAML alone
+                # and keeps values from before an edit of a defaults file.
+                if self.ray(["up", "-y", "--no-config-cache", self.plan.config], wait) != 0:
                     raise ClusterFailed("`ray up` failed (its output is above)")
             self.head = running_head(self.cluster)
             client = self.client(self.cluster)
@@ -240,6 +290,7 @@ class Runner:
         if down:
             self.say("ray down")
             try:
+                rayapi.drop_config_cache(self.plan.config)
                 if self.ray(["down", "-y", self.plan.config], DOWN_TIMEOUT_S) != 0:
                     self.say(f"`ray down` failed: run `ray down -y {self.plan.config}`")
             except proc.CommandError as e:

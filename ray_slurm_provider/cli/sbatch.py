@@ -6,12 +6,14 @@ provider's hooks), the autoscaler config and file mounts written to the shared f
 head job submitted, and its start program handed over with the entrypoint (`start.json`). The
 head job starts Ray, runs the entrypoint as a Ray job (workers autoscale), cancels its workers
 and ends with the entrypoint's exit code (agent/head.py, agent/oneshot.py). The entrypoint's
-output is in the head job's log; `scancel` of the head ends everything.
+output is in the head job's log; `scancel` of the head ends everything. Each run is its own
+cluster, `<cluster_name>-<run id>` (cli/oneshots.py), so runs of one config never meet.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -23,11 +25,12 @@ import click
 
 from ray_slurm_provider import rayapi, shellcmd
 from ray_slurm_provider.agent.oneshot import staged_dir
+from ray_slurm_provider.cli import oneshots
 from ray_slurm_provider.cli.common import CliError, Cluster, config_command, load_cluster
-from ray_slurm_provider.cli.run import Plan, own_env, plan, running_head
+from ray_slurm_provider.cli.run import Plan, own_env, plan
 from ray_slurm_provider.config import ConfigError
 from ray_slurm_provider.provider import handoff, transfer
-from ray_slurm_provider.slurm.client import SlurmError
+from ray_slurm_provider.slurm.client import Job, SlurmError
 
 
 def resolve(config: dict[str, Any]) -> dict[str, Any]:
@@ -87,33 +90,56 @@ def submit(cluster: Cluster, p: Plan, provider_cls: Any = None) -> str:
     tags = {TAG_RAY_NODE_KIND: NODE_KIND_HEAD, TAG_RAY_USER_NODE_TYPE: head_type,
             TAG_RAY_NODE_NAME: f"ray-{cluster.name}-head",
             TAG_RAY_NODE_STATUS: "uninitialized"}
-    (head,) = provider.create_node(
-        dict(config["available_node_types"][head_type].get("node_config") or {}), tags, 1)
+    try:
+        (head,) = provider.create_node(
+            dict(config["available_node_types"][head_type].get("node_config") or {}), tags, 1)
+    except click.ClickException as e:  # Slurm refused the head (partition, account, QOS)
+        raise CliError(" ".join(e.message.split())) from e
     handoff.request_start(cdir.node(head), prog, env, entrypoint=p.entrypoint,
                           runtime_env=runtime_env)
     return str(head)
+
+
+def pinned_ports_clash(config: Cluster, live: list[tuple[oneshots.Run, Job]]) -> str | None:
+    """Why a new run cannot share the config's pinned ports with a live run, or None."""
+    base = config.pcfg.ports.base
+    if base is None or not live:
+        return None
+    run, head = live[0]
+    return (f"provider.ports.base pins every run of {config.name!r} to ports {base}-"
+            f"{base + 9}, and run {run.run_id} (head job {head.job_id} {head.state}) has not "
+            "ended: two heads on one node cannot both take them. Leave provider.ports.base "
+            "unset (each run then gets its own ports), or submit once that run has ended")
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
     try:
         args.no_down, args.reuse = False, False
         p = plan(args, run=False)
-        cluster = load_cluster(p.config, starts=True)
+        config = load_cluster(p.config, starts=True)
         try:
-            up = running_head(cluster)
+            live = oneshots.sweep(config)
         except SlurmError as e:
-            raise CliError(f"cannot ask Slurm whether the cluster is up: {e}") from e
-        if up:
-            raise CliError(f"cluster {cluster.name!r} is already up (head job {up}); "
-                           "`ray down` it first, or use `ray-slurm run --reuse`")
+            raise CliError(f"cannot ask Slurm about the runs of {config.name!r}: {e}") from e
+        clash = pinned_ports_clash(config, live)
+        if clash:
+            raise CliError(clash)
         os.environ.update(own_env())  # the head job's environment (see own_env)
-        head = submit(cluster, p)
+        run = oneshots.new_run(config)
+        try:
+            head = submit(oneshots.of_run(config, run), p)
+        except BaseException:
+            oneshots.remove(config, run)  # nothing runs: nothing of it stays
+            raise
+        oneshots.save(config, dataclasses.replace(run, head=head))
     except CliError as e:
         print(f"ray-slurm: {e}", file=sys.stderr)
         return 2
     print(head)
-    print(f"ray-slurm sbatch: head job {head} runs the entrypoint; its output: ray-slurm logs "
-          f"{p.config} {head} -f; cancel everything: scancel {head}", file=sys.stderr)
+    print(f"ray-slurm sbatch: run {run.run_id} (cluster {run.name}): head job {head} runs the "
+          f"entrypoint; its output: ray-slurm logs {p.config} head --run {run.run_id} -f; its "
+          f"nodes: ray-slurm status {p.config} --run {run.run_id}; cancel everything: scancel "
+          f"{head}", file=sys.stderr)
     return 0
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
+from ray_slurm_provider.cli import oneshots
 from ray_slurm_provider.cli.common import (
     CliError,
     Cluster,
@@ -194,6 +195,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config)
         try:
+            oneshots.sweep(cluster)  # ended `sbatch` runs' leftovers
+            if args.run:
+                cluster = oneshots.find(cluster, args.run)
             data = status_data(cluster, args.ended)
         except SlurmError as e:
             raise CliError(f"cannot list the cluster's jobs: {e}") from e
@@ -209,6 +213,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = config_command(sub, "status", "table of the cluster's nodes (one Slurm query)", cmd_status)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--run", metavar="ID", help="a `ray-slurm sbatch` run of the config (its run "
+                   "id, or its cluster name)")
     p.add_argument("--ended", type=int, default=5, metavar="N",
                    help="also show how the last N nodes that left the queue ended, from "
                    "Slurm's accounting (sacct; default 5, 0: do not ask)")

@@ -4,21 +4,28 @@ An entrypoint that needs workers (the head has no CPUs) and exits 3: `run` exits
 of the cluster remains. An entrypoint interrupted with SIGINT (Ctrl-C): `run` exits 130 and
 nothing remains. `sbatch` of the first entrypoint returns at once with the head's job id; the
 head job ends FAILED with exit code 3, its log has the entrypoint's output, nothing remains.
-`scancel` of a one-shot head while its workers run ends everything.
+`scancel` of a one-shot head while its workers run ends everything. Two `sbatch` runs of one
+YAML queued back to back both finish (each is its own cluster, issue 26.1); a setup command
+that fails when run twice (`mkdir`) runs once (issue 26.2).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import RAY, ROOT, RayCluster, wait_for
+from ray_slurm_provider.jobs import job_name
+from ray_slurm_provider.state import ClusterDir
+from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
@@ -77,33 +84,66 @@ def test_ctrl_c_stops_the_job_and_the_cluster(sandbox: object, tmp_path: Path) -
         c.cleanup()
 
 
-def sbatch(c: RayCluster, code: str) -> tuple[str, float]:
+@dataclass
+class Run:
+    """One `ray-slurm sbatch` run: its head job, its own cluster name and dir (issue 26.1)."""
+
+    head: str
+    took: float
+    name: str
+    cdir: ClusterDir
+
+    def jobs(self) -> list[tuple[str, str]]:
+        return squeue(job_name(self.name))
+
+    def cleanup(self) -> None:
+        subprocess.run(["scancel", f"--name={job_name(self.name)}"], timeout=30, check=False)
+
+
+def sbatch(c: RayCluster, code: str) -> Run:
     t0 = time.monotonic()
     cp = subprocess.run([RAY_SLURM, "sbatch", str(c.path), "--", "python", "-c", code],
                         capture_output=True, text=True, timeout=300, env=c.base_env(),
                         stdin=subprocess.DEVNULL, check=False)
     took = time.monotonic() - t0
     assert cp.returncode == 0 and cp.stdout.strip().isdigit(), (cp.stdout, cp.stderr)
-    return cp.stdout.strip(), took
+    m = re.search(r"ray-slurm sbatch: run (\S+) ", cp.stderr)
+    assert m, cp.stderr
+    name = f"{c.name}-{m.group(1)}"
+    return Run(cp.stdout.strip(), took, name, ClusterDir(str(c.state_dir), name))
+
+
+def ended(run: Run, timeout: float = 900) -> str:
+    """Wait for the run's head to leave the queue; `scontrol show job` of it."""
+    wait_for(lambda: run.head not in [j for j, _ in run.jobs()], timeout,
+             f"head job {run.head} to end", every=2)
+    return subprocess.run(["scontrol", "show", "job", run.head], capture_output=True,
+                          text=True, timeout=30, check=True).stdout
+
+
+def run_left_nothing(run: Run) -> None:
+    wait_for(lambda: run.jobs() == [], 90, "every job of the run to leave squeue", every=1)
+    assert not run.cdir.head_file.exists()
+    assert not (run.cdir.root / "oneshot").exists() or not any(
+        (run.cdir.root / "oneshot").iterdir())
 
 
 def test_sbatch_returns_at_once_and_the_head_job_ends_with_the_entrypoint(
         sandbox: object, tmp_path: Path) -> None:
     c = RayCluster.from_file(tmp_path, "e2e-sbatch", CONFIG)
+    run = None
     try:
-        head, took = sbatch(c, NEEDS_WORKERS)
-        print("TIMINGS", json.dumps({"sbatch returned (s)": round(took, 1)}))
-        wait_for(lambda: head not in [j for j, _ in c.jobs()], 900,
-                 "the head job to end", every=2)
-        show = subprocess.run(["scontrol", "show", "job", head], capture_output=True,
-                              text=True, timeout=30, check=True).stdout
+        run = sbatch(c, NEEDS_WORKERS)
+        print("TIMINGS", json.dumps({"sbatch returned (s)": round(run.took, 1)}))
+        show = ended(run)
         assert "JobState=FAILED" in show and "ExitCode=3:0" in show, show
-        log = c.cdir.log(head).read_text()
+        log = run.cdir.log(run.head).read_text()
         assert "WORKER NODES" in log, log[-3000:]  # the entrypoint ran on autoscaled workers
         assert "the job ends with the entrypoint's exit code 3" in log
-        nothing_left(c)
+        run_left_nothing(run)
     finally:
-        c.cleanup()
+        if run is not None:
+            run.cleanup()
 
 
 def test_scancel_of_a_one_shot_head_ends_everything(sandbox: object, tmp_path: Path) -> None:
@@ -111,11 +151,52 @@ def test_scancel_of_a_one_shot_head_ends_everything(sandbox: object, tmp_path: P
     busy = ("import ray, time; ray.init();"
             "f = ray.remote(num_cpus=1)(lambda: time.sleep(900));"
             "refs = [f.remote() for _ in range(2)]; print('STARTED', flush=True); ray.get(refs)")
+    run = None
     try:
-        head, _ = sbatch(c, busy)
-        wait_for(lambda: len([j for j, st in c.jobs() if st == "RUNNING"]) >= 2, 600,
+        run = sbatch(c, busy)
+        r = run
+        wait_for(lambda: len([j for j, st in r.jobs() if st == "RUNNING"]) >= 2, 600,
                  "a worker of the one-shot cluster to run", every=2)
-        subprocess.run(["scancel", head], check=True, timeout=30)
-        nothing_left(c)
+        subprocess.run(["scancel", run.head], check=True, timeout=30)
+        run_left_nothing(run)
     finally:
-        c.cleanup()
+        if run is not None:
+            run.cleanup()
+
+
+def test_two_sbatch_runs_of_one_yaml_queued_back_to_back_both_finish(
+        sandbox: object, tmp_path: Path) -> None:
+    """Issue 26.1: the first run's end cancelled every job of the cluster's name, the second
+    run's queued head included; each run is now its own cluster."""
+    c = RayCluster.from_file(tmp_path, "e2e-sbatch-2", CONFIG)
+    code = "import ray; ray.init(); print('RUN DONE', flush=True)"
+    runs: list[Run] = []
+    try:
+        runs = [sbatch(c, code) for _ in range(2)]
+        assert runs[0].name != runs[1].name
+        for run in runs:
+            show = ended(run)
+            assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, show
+            assert "RUN DONE" in run.cdir.log(run.head).read_text()
+            run_left_nothing(run)
+    finally:
+        for run in runs:
+            run.cleanup()
+
+
+def test_a_non_idempotent_setup_command_runs_once(sandbox: object, tmp_path: Path) -> None:
+    """Issue 26.2: `sbatch` ran setup_commands twice (once as setup, once inside Ray's head
+    setup), so a `mkdir` failed the head before Ray started."""
+    mark = f"/tmp/rsp-e2e-setup-once-{uuid.uuid4().hex[:8]}"
+    c = RayCluster.from_file(tmp_path, "e2e-sbatch-setup", CONFIG,
+                             setup_commands=[f"mkdir {mark}"])
+    run = None
+    try:
+        run = sbatch(c, "print('SETUP RAN ONCE', flush=True)")
+        show = ended(run)
+        assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, (
+            show, run.cdir.log(run.head).read_text()[-3000:])
+        assert "SETUP RAN ONCE" in run.cdir.log(run.head).read_text()
+    finally:
+        if run is not None:
+            run.cleanup()

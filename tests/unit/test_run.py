@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 from ray.job_submission import JobStatus
 
 from ray_slurm_provider.cli import run
 from ray_slurm_provider.cli.common import CliError, Cluster
 from ray_slurm_provider.cli.main import main
+from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import HeadInfo
 from tests.fakes import FakeSlurm
@@ -241,3 +245,87 @@ def test_the_job_client_carries_the_clusters_token_in_its_header(
     oneshot.job_client(w.cluster.cdir, head, "disabled")
     assert made == [("http://127.0.0.2:8265", {"Authorization": "Bearer s3cret"}),
                     ("http://127.0.0.2:8265", {})]
+
+
+@pytest.mark.parametrize("state", ["PENDING", "CONFIGURING", "RUNNING"])
+def test_a_head_not_up_yet_is_refused_with_its_job_and_state(tmp_path: Path,
+                                                             state: str) -> None:
+    """Issue 26.1: `running_head` saw a head only once head.json existed (Ray up), so a second
+    `run` while the first head was still queued brought up the same cluster twice."""
+    w = World(tmp_path, FakeJobs([Info(JobStatus.SUCCEEDED)]))
+    head = w.slurm.submit(JobSpec(job_name=w.cluster.job_name, command=["x"]),
+                          comment=encode_tags({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
+    if state != "PENDING":
+        w.slurm.start(head)
+        w.slurm.set_state(head, state)
+    for reuse in (False, True):
+        with pytest.raises(CliError, match=rf"head job {head} is {state}"):
+            w.runner(reuse=reuse).run()
+    assert w.calls == [] and w.jobs.submitted == []
+
+
+def test_run_resolves_the_config_afresh_like_sbatch(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26.4: `ray up` reused Ray's cached resolution of the YAML, so after an edit of
+    only a site defaults file `run` kept the old values; `sbatch` resolves afresh. `ray down`
+    has no --no-config-cache: the cache entry for the YAML goes before it runs."""
+    import tempfile
+
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    monkeypatch.setattr("ray_slurm_provider.provider.bootstrap._cluster_info",
+                        lambda config=None: (_ for _ in ()).throw(SlurmError("offline")))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    w = World(tmp_path, FakeJobs([Info(JobStatus.SUCCEEDED)]))
+    _bootstrap_config(yaml.safe_load(Path(w.cluster.path).read_text()))  # Ray caches it
+    cached = list(tmp_path.glob("ray-config-*"))
+    assert cached
+    argvs: list[list[str]] = []
+    plain = w.ray
+
+    def ray(args: list[str], timeout: float) -> int:
+        argvs.append(args)
+        if args[0] == "down":
+            assert not any(p.exists() for p in cached)
+        return plain(args, timeout)
+
+    r = w.runner()
+    r.ray = ray
+    assert r.run() == 0
+    assert argvs[0][:2] == ["up", "-y"] and "--no-config-cache" in argvs[0]
+    assert argvs[1][0] == "down"
+
+
+def test_run_filters_rays_hints_that_do_not_apply() -> None:
+    """Issue 26.18: `ray up`'s closing hints tell the user to `ray down` the cluster (`run`
+    does) and to tail monitor logs under /tmp/ray (not where this provider's Ray logs)."""
+    tail = ("Useful commands:\n"
+            "  To terminate the cluster:\n"
+            "    \x1b[1mray down /x/c.yaml\x1b[0m\n"
+            "\n"
+            "  To retrieve the IP address of the cluster head:\n"
+            "    ray get-head-ip /x/c.yaml\n"
+            "\n"
+            "  To monitor autoscaling:\n"
+            "    ray exec /x/c.yaml 'tail -n 100 -f /tmp/ray/session_latest/logs/monitor*'\n"
+            "\n"
+            "  it is recommended to restart this head node with:   ray down  /x/c.yaml\n")
+    out = io.StringIO()
+    run.relay(io.StringIO(tail), out)
+    text = out.getvalue()
+    assert "ray down" not in text and "monitor" not in text, text
+    assert "To terminate" not in text and "To monitor" not in text
+    assert "  To retrieve the IP address of the cluster head:\n    ray get-head-ip" in text
+
+
+def test_ray_cli_passes_rays_output_to_stderr_through_the_filter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    ray = tmp_path / "ray"
+    ray.write_text("#!/bin/sh\necho \"args: $*\"\necho '  To terminate the cluster:'\n"
+                   "echo '    ray down /x/c.yaml'\necho\necho done\nexit 4\n")
+    ray.chmod(0o755)
+    monkeypatch.setattr(run.sys, "executable", str(tmp_path / "python"))
+    assert run.ray_cli(["up", "-y"], 30) == 4
+    out, err = capfd.readouterr()
+    assert out == "" and err == "args: up -y\ndone\n"
