@@ -40,22 +40,30 @@ def bootstrap_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def drop_config_cache(config_file: str) -> None:
-    """Remove Ray's cached resolution of the YAML at `config_file`, as Ray keys it (the
-    prepared config's SHA-256 in the temp dir). `ray down` has no --no-config-cache: without
-    this it would resolve the YAML with values from before an edit of a defaults file."""
+def config_cache_path(config: Mapping[str, Any]) -> Path:
+    """Where `ray up` (commands._bootstrap_config) caches its resolution of the raw `config`:
+    the prepared config's SHA-256, in the temp dir."""
     import hashlib
     import tempfile
 
-    import yaml
     from ray.autoscaler._private.util import prepare_config
 
+    prepared = prepare_config(copy.deepcopy(dict(config)))
+    key = hashlib.sha256(json.dumps([prepared], sort_keys=True).encode("utf-8")).hexdigest()
+    return Path(tempfile.gettempdir(), f"ray-config-{key}")
+
+
+def drop_config_cache(config_file: str) -> None:
+    """Remove Ray's cached resolution of the YAML at `config_file`. `ray down` has no
+    --no-config-cache: without this it would resolve the YAML with values from before an
+    edit of a defaults file."""
+    import yaml
+
     try:
-        config = prepare_config(yaml.safe_load(Path(config_file).read_text()))
+        path = config_cache_path(yaml.safe_load(Path(config_file).read_text()))
     except Exception:
         return  # Ray refuses the YAML: its own command says why
-    key = hashlib.sha256(json.dumps([config], sort_keys=True).encode("utf-8")).hexdigest()
-    Path(tempfile.gettempdir(), f"ray-config-{key}").unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
 
 
 def merge_setup_commands(config: dict[str, Any]) -> None:

@@ -104,6 +104,26 @@ def test_bootstrap_config_puts_setup_commands_before_the_heads_once() -> None:
         "echo init", "mkdir /tmp/x", "echo h", "ray start --head"]
 
 
+def test_the_config_cache_is_where_ray_up_writes_and_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """drop_config_cache (ray-slurm run before `ray down`, issue 26.4) removes the file Ray's
+    own _bootstrap_config caches a resolution in and loads it from."""
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    raw = config(setup_commands=["echo cached"])
+    path = rayapi.config_cache_path(raw)
+    assert not path.exists()
+    _bootstrap_config(json.loads(json.dumps(raw)))  # Ray writes its cache
+    assert path.is_file()
+    hit = _bootstrap_config(json.loads(json.dumps(raw)))  # and reads it back from there
+    assert hit["provider"]["_config_cache_path"] == str(path)
+    yml = tmp_path / "c.yaml"
+    yml.write_text(yaml.safe_dump(raw))
+    rayapi.drop_config_cache(str(yml))
+    assert not path.exists()
+
+
 class SeeingProvider(FakeProvider):
     """Records the config Ray hands the provider's bootstrap hook."""
 
