@@ -106,8 +106,13 @@ def test_ray_runs_inside_the_heads_container(cluster: UserCluster) -> None:
     raylets = [p for p, j in inside.items() if j == head
                and "raylet" in dict(procfs.cmdlines()).get(p, "")]
     assert raylets, "no raylet inside the head's container"
-    assert "Slurm is reachable from inside the head's container" in \
-        cluster.cdir.log(head).read_text()
+    # The agent probes Slurm from inside the container in the background once Ray is up
+    # (agent.mark_started): its line can come after `ray up` has returned.
+    line = "Slurm is reachable from inside the head's container"
+    log = cluster.cdir.log(head)
+    wait_for(lambda: line in log.read_text() or "cannot reach Slurm" in log.read_text(), 60,
+             "the agent's Slurm probe from inside the container")
+    assert line in log.read_text(), log.read_text()[-3000:]
 
 
 def test_ray_exec_enters_the_container_with_the_nodes_binds_and_nv(
