@@ -49,7 +49,10 @@ class HeadWalltime:
             return False
         now = self._clock()
         if job.job_id != self._job:
-            self._job, self._next_log, self._next_write, self._warned = job.job_id, 0.0, 0.0, False
+            self._job = job.job_id
+            self._next_log = 0.0
+            self._next_write = 0.0
+            self._warned = False
         left, limit = job.left_s(), job.time_limit_s
         warn = left is not None and left <= warn_below_s(limit)
         if warn != self._warned:  # entering or leaving the window (e.g. limit extended)

@@ -118,7 +118,9 @@ class SqueueCache:
 
     def parse(self, stdout: str, addrs: Mapping[str, str] | None = None) -> list[Job]:
         if addrs is not self._addrs:  # a new node table: addresses may differ
-            self._text, self._jobs, self._addrs = None, {}, addrs
+            self._text = None
+            self._jobs = {}
+            self._addrs = addrs
         if stdout == self._text:
             self.fresh = []
             return self._out
@@ -132,7 +134,9 @@ class SqueueCache:
             if job is not None:
                 now[line] = job
                 out.append(job)
-        self._text, self._out, self._jobs = stdout, out, now
+        self._text = stdout
+        self._out = out
+        self._jobs = now
         self.fresh = list(parsed.values())
         return out
 

@@ -208,10 +208,8 @@ def test_follow_streams_the_output_and_returns_the_final_status() -> None:
     assert out.getvalue() == "line 1\nline 2\n"
 
 
-def test_a_failing_submission_still_ends_the_one_shot_head(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found on review: an exception in the one-shot thread (Ray refusing the submission, a
-    working dir it cannot upload) left Ray, and so the head job and its cluster, running."""
+def head_agent(tmp_path: Path) -> HeadAgent:
+    """A one-shot cluster's head agent, its job running on FakeSlurm."""
     spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"))
     fake = FakeSlurm()
@@ -219,6 +217,14 @@ def test_a_failing_submission_still_ends_the_one_shot_head(
     fake.start(head_id)
     a = HeadAgent(spec, {"SLURM_JOB_ID": head_id, "HOME": str(tmp_path)})
     a.slurm = fake
+    return a
+
+
+def test_a_failing_submission_still_ends_the_one_shot_head(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on review: an exception in the one-shot thread (Ray refusing the submission, a
+    working dir it cannot upload) left Ray, and so the head job and its cluster, running."""
+    a = head_agent(tmp_path)
     a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
                                     entrypoint=["python", "train.py"]))
     ray = RayChild(limit_s=10)
@@ -346,13 +352,7 @@ def test_only_the_newest_ended_runs_are_kept(
 def oneshot_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                  staged: bool = True) -> tuple[HeadAgent, Path]:
     """A one-shot head agent on FakeSlurm with a staged working dir; Ray itself faked."""
-    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
-                    ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"))
-    fake = FakeSlurm()
-    head_id = fake.submit(JobSpec(job_name="ray-c1", command=["x"]))
-    fake.start(head_id)
-    a = HeadAgent(spec, {"SLURM_JOB_ID": head_id, "HOME": str(tmp_path)})
-    a.slurm = fake
+    a = head_agent(tmp_path)
     wd = oneshot.staged_dir(a.cdir, "abc")
     wd.mkdir(parents=True)
     a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],

@@ -77,7 +77,10 @@ class RestSlurmClient:
                  env: Mapping[str, str] | None = None, send: rest_http.Send | None = None,
                  versions: Iterable[str] = SUPPORTED_VERSIONS,
                  clock: Any = time.time, cwd: str | None = None) -> None:
-        self._url, self._jwt_file, self._jwt_env, self._user = url, jwt_file, jwt_env, user
+        self._url = url
+        self._jwt_file = jwt_file
+        self._jwt_env = jwt_env
+        self._user = user
         self._timeout = timeout
         self._env = dict(env) if env is not None else None  # None: os.environ at call time
         self._send = send or rest_http.session_send()
