@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from ray_slurm_provider.slurm.client import (
     ACTIVE_STATES,
     ClusterInfo,
+    EndedJob,
     Job,
     Node,
     Partition,
@@ -24,6 +25,7 @@ from ray_slurm_provider.slurm.client import (
     classify,
 )
 from ray_slurm_provider.slurm.parse import expand_hostlist, parse_gres_gpus
+from ray_slurm_provider.slurm.sacct import NoAccounting
 from ray_slurm_provider.slurm.script import JobSpec, validate
 from ray_slurm_provider.units import parse_duration
 
@@ -43,12 +45,15 @@ OUTAGE_MESSAGES = {
                     "(connect failure)",
     "user_job_ids": "slurm_load_jobs error: Unable to contact slurm controller "
                     "(connect failure)",
+    "ended_job": "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
 }
+#: sacct's words on a cluster without accounting (slurm-22.05/sacct_disabled.txt).
+NO_ACCOUNTING = "Slurm accounting storage is disabled"
 BAD_PARTITION = "sbatch: error: Batch job submission failed: Invalid partition name specified"
 #: The Slurm command behind each method, as the CLI client names it in its errors.
 COMMANDS = {"submit": "sbatch", "submit_array": "sbatch", "list_jobs": "squeue",
             "cancel": "scancel", "cluster_info": "scontrol", "node_addresses": "scontrol",
-            "node_address": "scontrol", "user_job_ids": "squeue"}
+            "node_address": "scontrol", "user_job_ids": "squeue", "ended_job": "scontrol"}
 
 _FINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                     "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -196,6 +201,21 @@ class FakeSlurm:
             self._enter("user_job_ids")
             return {i for fj in self.jobs.values()
                     for i in (fj.job.job_id, fj.job.numeric_id)}
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        """How a job ended, as the CLI back end tells it: slurmctld's record (None while the
+        job is active or COMPLETING); a job this fake never had is one slurmctld forgot, on a
+        cluster without accounting."""
+        with self._lock:
+            self._enter("ended_job", job_id)
+            fj = self.jobs.get(job_id)
+            if fj is None:
+                raise NoAccounting(f"sacct: no accounting: {NO_ACCOUNTING}", NO_ACCOUNTING,
+                                   "sacct")
+            if fj.job.state not in _FINAL:
+                return None
+            code = "1:0" if fj.job.state == "FAILED" else "0:0"
+            return EndedJob(job_id, fj.job.state, code, node=fj.job.nodes)
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted({str(j) for j in job_ids})

@@ -1,11 +1,12 @@
 """Per-node-type launch back-off and the record of each type's last launch error.
 
 A node type whose submissions Slurm refuses (bad partition, account, QOS, a job-count or GRES
-limit) or whose jobs die before Ray starts must not be resubmitted on every autoscaler tick
-(5 s): that floods the controller, crash-loops jobs through the queue and buries the reason.
-After a failure the type is held back, for longer after each further failure (refusals start
-longer than "controller unreachable"); its first successful submission clears it. While a type
-is held back, a launch fails at once without asking Slurm.
+limit) or whose jobs die before Ray starts (of their own doing: provider/ends.py) must not be
+resubmitted on every autoscaler tick (5 s): that floods the controller, crash-loops jobs
+through the queue and buries the reason. After a failure the type is held back, for longer
+after each further failure (refusals start longer than "controller unreachable"); its first
+successful submission clears it. While a type is held back, a launch fails at once without
+asking Slurm.
 
 The last error of each node type is kept in `<cluster dir>/errors.json`, which the
 `ray-slurm status` command shows (a hold-back whose time has passed as past). The file
@@ -28,8 +29,6 @@ from typing import Any
 
 from ray_slurm_provider import rayapi
 from ray_slurm_provider.retry import exponential
-from ray_slurm_provider.slurm.client import EndReader, SlurmClient, SlurmError
-from ray_slurm_provider.slurm.sacct import NOT_ITS_FAULT
 from ray_slurm_provider.state import update_json
 
 logger = logging.getLogger(__name__)
@@ -204,37 +203,21 @@ class LaunchGuard:
             logger.warning("Could not update %s: %s", self._path, e)
 
 
-def last_log_line(log: Path, max_bytes: int = 8192) -> str:
-    """What a job's output says last: the node agent's last line (`[ray-slurm HH:MM:SS] ...`),
-    else the last line at all (a prologue or module load that failed before the agent ran)."""
+def log_tail(log: Path, max_bytes: int = 8192) -> list[str]:
+    """The last lines of a job's output (at most `max_bytes` of it), blank ones left out."""
     try:
         with log.open("rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - max_bytes))
             tail = f.read().decode(errors="replace")
     except OSError:
-        return ""
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+        return []
+    return [ln.strip() for ln in tail.splitlines() if ln.strip()]
+
+
+def last_log_line(log: Path) -> str:
+    """What a job's output says last: the node agent's last line (`[ray-slurm HH:MM:SS] ...`),
+    else the last line at all (a prologue or module load that failed before the agent ran)."""
+    lines = log_tail(log)
     agent = [ln for ln in lines if ln.startswith("[ray-slurm ")]
     return (agent or lines or [""])[-1]
-
-
-def died_before_ray(guard: LaunchGuard, slurm: SlurmClient, node_type: str, job_id: str,
-                    last_state: str, log: Path) -> None:
-    """A job of `node_type` left the queue before Ray came up on it. Where the back end can
-    ask accounting (sacct), Slurm says why: a job taken away (cancelled by someone, preempted,
-    its node failed) says nothing about the type; any other end counts as a crash of the
-    type, in Slurm's words. Without accounting the job's last log line is all there is."""
-    end = None
-    if isinstance(slurm, EndReader):
-        try:
-            end = slurm.ended_job(job_id)
-        except SlurmError as e:
-            logger.debug("No accounting for job %s: %s", job_id, e)
-    if end is not None and end.state in NOT_ITS_FAULT:
-        logger.info("Slurm job %s of node type %s ended %s before Ray started on it; not "
-                    "held against the type", job_id, node_type, end.why)
-        return
-    said = f"Slurm says {end.why}; " if end is not None else ""
-    guard.failed(node_type, f"Slurm job {job_id} (last seen {last_state}) ended before Ray "
-                 f"started on it; {said}{last_log_line(log) or 'see'} ({log})", "crashed")

@@ -32,10 +32,11 @@ Shown states (CREATED, LISTED, RAY_UP, GHOST) are what `non_terminated_nodes` li
 and CANCELLING records are hidden. "gone" is no record. A shown worker gone without our
 scancel or release ("gone: ended") is an event: `orphans` when its ray.json is still there
 (its agent must stop Ray), else `crashed` unless it was RAY_UP (it died before Ray started;
-one per job). A GHOST is a worker no listing showed: autoscaler v2 matches launch requests to
-listed nodes, so it is listed once more. RAY_UP is tracked for workers only, when workers
-start Ray themselves (disable_node_updaters). "create" and "terminate" are the provider's
-create_node and terminate_nodes, under its lock.
+one per job; provider/ends.py judges it once its end is final). A GHOST is a worker no
+listing showed: autoscaler v2 matches launch requests to listed nodes, so it is listed once
+more. RAY_UP is tracked for workers only, when workers start Ray themselves
+(disable_node_updaters). "create" and "terminate" are the provider's create_node and
+terminate_nodes, under its lock.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import enum
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -149,6 +151,9 @@ class Tick:
     quiet: bool
     ghosts: bool  # a GHOST was kept: the next tick re-reads every record's files
     jobs: Sequence[Job] = ()  # the listing it came from
+    #: The ids of every job the listing showed, COMPLETING ones too (provider/ends.py waits
+    #: while a job that left the active list is still there).
+    listed: AbstractSet[str] = frozenset()
     #: The tags generation it was made at (the provider's; None: reuse no record next tick).
     key: tuple[str, int] | None = None
 
@@ -297,7 +302,7 @@ def advance(prev: Mapping[str, Node], jobs: Sequence[Job], *, listing: int, now:
             run.events.heads.append(rec)
         if rec.tags.get(TAG_RAY_NODE_STATUS) == STATUS_SETTING_UP:
             quiet = False
-    return Tick(nodes, shown, run.events, quiet, ghosts, jobs)
+    return Tick(nodes, shown, run.events, quiet, ghosts, jobs, listed=listed)
 
 
 def _kept(rec: Node, listing: int, listed: set[str], cancelling: set[str]) -> bool:

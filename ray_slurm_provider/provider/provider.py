@@ -21,7 +21,8 @@ Design
   cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
   check never kills a node that is still starting).
 * The provider holds its collaborators and calls them through narrow interfaces: the
-  launch guard, the gangs (gangs.py), the teardown (teardown.py), the head's walltime.
+  launch guard, the early ends (ends.py: which jobs that died before Ray count against
+  their type), the gangs (gangs.py), the teardown (teardown.py), the head's walltime.
 * The constructor never raises and never calls Slurm (a raising one would take the head's
   autoscaler down): config errors surface on first use.
 """
@@ -50,8 +51,9 @@ from ray_slurm_provider.config import ConfigError, NodeConfig, ProviderConfig, p
 from ray_slurm_provider.jobs import GROUP_TAG, build_job, job_name
 from ray_slurm_provider.nodespec import member_ids, split
 from ray_slurm_provider.provider import bootstrap, runs, validation
+from ray_slurm_provider.provider.ends import EarlyEnds
 from ray_slurm_provider.provider.gangs import Gangs, groups, release
-from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
+from ray_slurm_provider.provider.guard import LaunchGuard
 from ray_slurm_provider.provider.nodes import (
     HIDDEN,
     Events,
@@ -98,6 +100,7 @@ class SlurmNodeProvider(NodeProvider):
         self.pcfg = self.cluster.provider
         self.cluster_dir = ClusterDir(self.pcfg.state_dir, cluster_name)
         self.guard = LaunchGuard(self.cluster_dir.root / "errors.json")
+        self.ends = EarlyEnds()
         self.strays = Strays()
         self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
         self.gangs = Gangs(self.cluster_dir, lambda: self.slurm)
@@ -169,14 +172,17 @@ class SlurmNodeProvider(NodeProvider):
             for rec in tick.events.heads:
                 self.head_time.observe(rec.job)
         else:
-            self._act(tick.events)
+            self._act(tick.events, now)
+        # Jobs that died before Ray, judged once their end is final (no Slurm call without).
+        for node_type, why in self.ends.settle(self.slurm, tick.listed, now):
+            self.guard.failed(node_type, why, "crashed")
         return ids
 
     def _rules(self) -> Rules:
         return Rules(submit_tag=SUBMIT_TAG, watch_workers=self.pcfg.disable_node_updaters,
                      gone_ttl_s=self.GONE_TTL_S)
 
-    def _act(self, events: Events) -> None:
+    def _act(self, events: Events, now: float) -> None:
         """What the listing just told, at no further scheduler cost."""
         for node_type in events.came_up:
             self.guard.ray_started(node_type)
@@ -194,9 +200,9 @@ class SlurmNodeProvider(NodeProvider):
                            split(node_id)[0])
             with contextlib.suppress(OSError):
                 self.cluster_dir.node(node_id).mark_orphan()
-        for job_id, rec in events.crashed:  # before Ray came up
-            died_before_ray(self.guard, self.slurm, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
-                            job_id, rec.job.state, self.cluster_dir.log(job_id))
+        for job_id, rec in events.crashed:  # before Ray came up: judged by `settle`
+            self.ends.left(job_id, rec.tags.get(TAG_RAY_USER_NODE_TYPE, ""), rec.job.state,
+                           self.cluster_dir.log(job_id), now)
         for rec in events.heads:
             self.head_time.observe(rec.job)
 

@@ -221,12 +221,14 @@ class EndedJob:
 
 @runtime_checkable
 class EndReader(Protocol):
-    """A back end that asks Slurm's accounting how a job that left the queue ended (the CLI
-    back end, through sacct)."""
+    """A back end that asks Slurm how a job that left the queue ended (the CLI and REST back
+    ends: slurmctld while it keeps the job, MinJobAge; then accounting, through sacct)."""
 
     def ended_job(self, job_id: str) -> EndedJob | None:
-        """How `job_id` ended; None while accounting has no end for it. Raises SlurmError
-        (sacct.NoAccounting when the cluster keeps none)."""
+        """How `job_id` ended; None while its end is not final (the job is still COMPLETING,
+        or accounting has not recorded it yet). Raises SlurmError: PermanentSlurmError when
+        it cannot be known (sacct.NoAccounting: slurmctld forgot the job and the cluster
+        keeps no accounting)."""
         ...
 
 

@@ -34,8 +34,6 @@ DELIM = "\x1f"
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "End", "NodeList", "Reason")
 #: The final states sacct can report (its -s names): everything that means "left the queue".
 ENDED_STATES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"
-#: Ends that say nothing about the node type: Slurm or someone took the job away.
-NOT_ITS_FAULT = frozenset({"CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"})
 #: Slurm's words when there is no accounting to ask, or it cannot be reached.
 _NO_ACCOUNTING = re.compile(
     r"accounting storage is disabled|not running a supported accounting_storage plugin|"

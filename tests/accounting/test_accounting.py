@@ -239,8 +239,6 @@ def cancel_preemptor(job_id: str) -> None:
              60, f"preemptor {job_id} to end")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: both judged while COMPLETING, so "
-                   "counted: the type is held back")
 def test_workers_preempted_in_their_setup_leave_their_type_free(
         cluster: Any, sandbox: Sandbox) -> None:
     """Issue 26 item 8: two scavenger workers preempted together while they set up (their
@@ -282,8 +280,7 @@ def test_workers_preempted_in_their_setup_leave_their_type_free(
         cancel_preemptor(high)
 
 
-@pytest.mark.parametrize("kind", ["cli", pytest.param("rest", marks=pytest.mark.xfail(
-    strict=True, reason="issue 26 item 8: the REST back end could not ask"))])
+@pytest.mark.parametrize("kind", ["cli", "rest"])
 def test_both_back_ends_say_how_a_job_ended(kind: str) -> None:
     """What the provider asks of a worker that left the queue: FAILED with its exit code from
     slurmctld; nothing final for an id Slurm never had (sacct has no end)."""

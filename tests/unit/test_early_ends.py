@@ -95,7 +95,6 @@ def tick(p: SlurmNodeProvider, f: FakeSlurm, seconds: float = 5.0) -> None:
     p.non_terminated_nodes({})
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: judged while COMPLETING, so counted")
 def test_two_workers_preempted_in_setup_leave_their_type_free(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Preempted together while they set up: COMPLETING for KillWait (their setup ignores
@@ -130,10 +129,8 @@ def test_two_workers_preempted_in_setup_leave_their_type_free(
     ("NODE_FAIL", False),
     ("BOOT_FAIL", False),
     ("DEADLINE", False),
-    pytest.param("TIMEOUT", False, marks=pytest.mark.xfail(
-        strict=True, reason="issue 26 item 8: a time limit counted as a crash")),
-    pytest.param("COMPLETED", False, marks=pytest.mark.xfail(
-        strict=True, reason="issue 26 item 8: a clean end (told to stop) counted")),
+    ("TIMEOUT", False),
+    ("COMPLETED", False),
 ])
 def test_only_an_end_the_job_caused_counts(tmp_path: Path, state: str, counts: bool) -> None:
     f = Ends()
@@ -215,7 +212,6 @@ def test_without_an_end_an_agent_that_gave_up_counts(
     assert forgotten_end_counts(tmp_path / "error", log)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: an unknown end always counted")
 @pytest.mark.parametrize("how", ["told to stop", "TERM in ray start"])
 def test_without_an_end_an_agent_told_to_stop_does_not_count(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -225,7 +221,6 @@ def test_without_an_end_an_agent_told_to_stop_does_not_count(
     assert not forgotten_end_counts(tmp_path, log)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: an unknown end always counted")
 @pytest.mark.parametrize("name", ["log_preempted_in_setup", "log_preempted_stubborn",
                                   "log_cancelled_in_setup", "log_failed_in_setup"])
 def test_without_an_end_a_setup_that_never_reached_the_agent_does_not_count(
@@ -237,7 +232,6 @@ def test_without_an_end_a_setup_that_never_reached_the_agent_does_not_count(
     assert not forgotten_end_counts(tmp_path, log)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: an unknown end always counted")
 def test_without_an_end_slurmstepds_cancel_line_wins(tmp_path: Path) -> None:
     """slurmstepd signals every process of the job: Ray may see the TERM before the agent
     does and exit "on its own". The cancel line slurmstepd wrote says who ended it."""
@@ -248,7 +242,6 @@ def test_without_an_end_slurmstepds_cancel_line_wins(tmp_path: Path) -> None:
     assert not forgotten_end_counts(tmp_path, f"{ray_failed}{taken}\n")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: judged at once while COMPLETING")
 def test_a_job_stuck_completing_is_judged_by_its_log_at_last(tmp_path: Path) -> None:
     """A node that never finishes the job's end (stuck COMPLETING): no question to Slurm
     meanwhile, and in the end the log decides."""
@@ -288,7 +281,6 @@ def rest_job_id(name: str) -> str:
     return f"{array}_{first['array_task_id']}" if array else str(first["job_id"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: the REST back end could not ask")
 def test_the_rest_back_end_says_how_a_job_ended_as_the_cli_does(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """slurmrestd 22.05's answers to GET job/<id> (recorded): nothing final while COMPLETING,
@@ -321,7 +313,6 @@ def test_the_rest_back_end_says_how_a_job_ended_as_the_cli_does(
     assert [c.argv[0] for c in run.calls] == ["sacct"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 8: the REST back end could not ask")
 @pytest.mark.parametrize("directory", [FIX.parent / "slurmrestd-24.11" / "v0.0.42",
                                        FIX.parent / "slurmrestd-26.05" / "v0.0.44"])
 def test_newer_slurmrestd_ends_read_as_sacct_says_them(directory: Path) -> None:

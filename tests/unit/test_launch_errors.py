@@ -66,7 +66,7 @@ CAUSE = "module load cuda"  # from the job's last log line (guard.last_log_line)
 
 def held_back_provider(tmp_path: Path) -> SlurmNodeProvider:
     """A provider whose cpu_worker jobs died twice before Ray started: the type is held
-    back, its error carries the job's last log line (as died_before_ray words it)."""
+    back, its error carries the job's last log line (as provider/ends.py words it)."""
     p, _, _ = make(tmp_path)
     log = tmp_path / "1001.out"
     log.write_text(f"{LOG_LINE} {{'CPU': 1}}\n")  # braces: Ray's v1 formats its messages

@@ -1,11 +1,9 @@
 """Accounting (sacct, sacctmgr) against recorded Slurm 22.05 answers, with and without
-slurmdbd (tests/fixtures/record_accounting.py), and what the provider, `validate` and
-`status` make of them: why a node ended, whether its type is to blame, a wrong account or
-QOS, and a QOS job limit's refusal."""
+slurmdbd (tests/fixtures/record_accounting.py), and what `validate` and `status` make of
+them: why a node ended, a wrong account or QOS, and a QOS job limit's refusal. Whether an
+early end is its type's fault: tests/unit/test_early_ends.py."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -14,14 +12,12 @@ from ray_slurm_provider.cli.findings import accounting_findings
 from ray_slurm_provider.cli.status import ended_data, ended_lines
 from ray_slurm_provider.cluster import NODE_TYPES_KEY, ClusterConfig, parse_provider_section
 from ray_slurm_provider.provider.fit import check_account_qos
-from ray_slurm_provider.provider.guard import LaunchGuard, died_before_ray
-from ray_slurm_provider.slurm.client import EndedJob, PermanentSlurmError, classify
+from ray_slurm_provider.slurm.client import PermanentSlurmError, classify
 from ray_slurm_provider.slurm.sacct import (
     Accounting,
     NoAccounting,
     parse_associations,
 )
-from tests.fakes import FakeClock, FakeSlurm
 from tests.unit.test_slurm_cli import FakeRun, recorded
 
 
@@ -121,47 +117,6 @@ def test_validate_names_a_wrong_account_or_qos_and_says_when_it_cannot() -> None
     off = NoAccounting("x", "Slurm accounting storage is disabled", "sacctmgr")
     (warn,) = accounting_findings(_cluster(qos="high"), Assocs(off))  # type: ignore[arg-type]
     assert warn.level == "warn" and "Slurm accounting storage is disabled" in warn.message
-
-
-class Ends(FakeSlurm):
-    def __init__(self, end: EndedJob | None, err: Exception | None = None) -> None:
-        super().__init__()
-        self.end, self.err = end, err
-
-    def ended_job(self, job_id: str) -> EndedJob | None:
-        if self.err:
-            raise self.err
-        return self.end
-
-
-@pytest.mark.parametrize(("end", "held"), [
-    (EndedJob("7", "PREEMPTED", "0:0"), False),
-    (EndedJob("7", "NODE_FAIL", "0:0"), False),
-    (EndedJob("7", "CANCELLED", "0:15"), False),
-    (EndedJob("7", "FAILED", "3:0"), True),
-    (EndedJob("7", "OUT_OF_MEMORY", "0:125"), True),
-    (None, True),
-])
-def test_only_ends_that_are_the_types_fault_hold_it_back(
-        tmp_path: Path, end: EndedJob | None, held: bool) -> None:
-    guard = LaunchGuard(None, clock=FakeClock().now)
-    log = tmp_path / "7.out"
-    log.write_text("[ray-slurm 10:00:00] module load cuda: not found\n")
-    died_before_ray(guard, Ends(end), "w", "7", "RUNNING", log)
-    err = guard.error("w")
-    assert (err is not None) == held
-    if err is not None:
-        said = f"Slurm says {end.why}; " if end else ""
-        assert f"ended before Ray started on it; {said}[ray-slurm 10:00:00] module load" \
-            in err.message
-
-
-def test_without_accounting_the_log_line_is_all_there_is(tmp_path: Path) -> None:
-    guard = LaunchGuard(None, clock=FakeClock().now)
-    off = NoAccounting("x", "Slurm accounting storage is disabled", "sacct")
-    died_before_ray(guard, Ends(None, off), "w", "7", "RUNNING", tmp_path / "none.out")
-    err = guard.error("w")
-    assert err is not None and "Slurm says" not in err.message and err.kind == "crashed"
 
 
 def test_status_shows_ended_nodes_or_why_it_cannot(fake: FakeRun) -> None:

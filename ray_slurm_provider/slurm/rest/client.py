@@ -15,6 +15,8 @@
   all the job gets.
 * `cancel` is one DELETE per job (slurmrestd 22.05 has no bulk cancel); jobs already gone are
   fine.
+* `ended_job` is one GET job/<id> (slurmctld keeps an ended job for MinJobAge); for a job it
+  has forgotten, accounting's sacct, as the CLI back end (slurm/sacct.py).
 * Node addresses come from GET /slurm/<v>/nodes and are cached like the CLI back end's.
 """
 
@@ -34,6 +36,7 @@ from ray_slurm_provider.slurm.client import (
     JOB_ID_RE,
     LIST_STATES,
     ClusterInfo,
+    EndedJob,
     Job,
     Node,
     PermanentSlurmError,
@@ -44,6 +47,7 @@ from ray_slurm_provider.slurm.client import (
 from ray_slurm_provider.slurm.rest import http as rest_http
 from ray_slurm_provider.slurm.rest import job as rest_job
 from ray_slurm_provider.slurm.rest import parse as rest_parse
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.spec import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -200,6 +204,25 @@ class RestSlurmClient:
             return jobs
         addrs = self._addresses_for(hosts)
         return [replace(j, node_addr=addrs.get(j.batch_host, "")) for j in jobs]
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        """How `job_id` ended: slurmctld's record while it keeps the job (GET job/<id>), else
+        accounting (sacct), as the CLI back end asks. See `EndReader`."""
+        if not JOB_ID_RE.match(job_id):
+            raise ValueError(f"not a Slurm job id: {job_id!r}")
+        what = f"asking how job {job_id} ended"
+        try:
+            _, data = self._call("GET", f"job/{job_id}", what)
+            rest_http.raise_errors(data, what)
+        except PermanentSlurmError as e:
+            if not is_job_gone(e.slurm_message):
+                raise
+            return Accounting(timeout=self._timeout, env=self._env).ended_job(job_id)
+        try:
+            return rest_parse.ended(data.get("jobs") or [], job_id, self._clock())
+        except (ValueError, AttributeError, TypeError) as e:
+            raise PermanentSlurmError(f"cannot read slurmrestd's job {job_id}: {e}",
+                                      command="slurmrestd") from e
 
     def user_job_ids(self) -> set[str]:
         """Every id of this user's jobs slurmrestd lists, any name, any state (UserJobs)."""

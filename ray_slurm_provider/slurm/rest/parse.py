@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray_slurm_provider.slurm import parse
-from ray_slurm_provider.slurm.client import Job, Node, Partition
+from ray_slurm_provider.slurm.client import ACTIVE_STATES, EndedJob, Job, Node, Partition
 
 #: When a job's state is a list of flags, the first of these present names it, as squeue's
 #: %T does (Slurm's job_state_string checks the flags in this order before the base state).
@@ -107,6 +107,31 @@ def job(d: Mapping[str, Any], now: float) -> Job:
         partition=_text(d.get("partition")),
         comment=str(d.get("comment") or ""),
     )
+
+
+def exit_code(value: Any) -> str:
+    """A job's exit code as sacct and scontrol print it ("1:0", "0:15"): v0.0.38 gives the
+    wait status as a number, v0.0.40+ its return code and signal apart."""
+    if isinstance(value, Mapping):
+        signal = value.get("signal") or {}
+        return f"{number(value.get('return_code')) or 0}:{number(signal.get('id')) or 0}"
+    status = number(value) or 0
+    return f"{status >> 8}:{status & 0x7F}"
+
+
+def ended(records: Sequence[Mapping[str, Any]], job_id: str, now: float) -> EndedJob | None:
+    """How job `job_id` (123 or 123_4) ended, from GET job/<id>'s records; None while it is
+    active or COMPLETING (its end is not final yet)."""
+    for d in records:
+        found = job(d, now)
+        if found.job_id != job_id:
+            continue
+        if found.state in ACTIVE_STATES or found.state == "COMPLETING":
+            return None
+        return EndedJob(job_id=job_id, state=found.state, exit_code=exit_code(d.get("exit_code")),
+                        end=stamp(number(d.get("end_time"))), node=found.nodes,
+                        reason=found.reason)
+    return None
 
 
 def node(d: Mapping[str, Any]) -> tuple[Node, list[str]]:
