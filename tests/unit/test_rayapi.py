@@ -200,9 +200,10 @@ def test_rays_updater_takes_runner_error_as_a_failed_command() -> None:
         "ssh_command_failed", 3, "cmd")
 
 
-def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Run Ray's own `ray down` loop (workers only: no `ray stop` on a head) on two workers;
-    what it slept."""
+def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+             provider: NodeProvider | None = None) -> list[float]:
+    """Run Ray's own `ray down` loop (workers only: no `ray stop` on a head) on two of
+    FakeProvider's workers, or on the workers of `provider`; what it slept."""
     from ray.autoscaler._private import commands
 
     naps: list[float] = []
@@ -210,8 +211,12 @@ def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
         **{**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")},
            "sleep": naps.append})
     monkeypatch.setattr(commands, "time", fake_time)
-    FakeProvider.nodes.update({"1": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER},
-                               "2": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER}})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # Ray's config cache
+    if provider is None:
+        FakeProvider.nodes.update({"1": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER},
+                                   "2": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER}})
+    else:
+        monkeypatch.setattr(commands, "_get_node_provider", lambda cfg, name: provider)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config()))
     commands.teardown_cluster(str(path), yes=True, workers_only=True,
