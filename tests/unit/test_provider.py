@@ -143,6 +143,55 @@ def test_worker_status_reports_ray_only_once_up(tmp_path: Path) -> None:
     assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "up-to-date"
 
 
+# --- issue 26 item 7: a node's address is the one its Ray bound --------------------------------
+BOUND = pytest.mark.xfail(strict=True, reason="issue 26.7: internal_ip answers Slurm's NodeAddr, "
+                          "not the address the node's Ray bound (ray.json)")
+
+
+@BOUND
+def test_a_nodes_address_is_the_one_its_ray_bound(tmp_path: Path) -> None:
+    """Autoscaler v1 matches a worker to its raylet's heartbeats by internal_ip
+    (test_rayapi.py, V1): with `node_ip_interface` the agent binds that interface's address
+    and writes it to ray.json, so that is the node's address from then on; Slurm's NodeAddr
+    only until then."""
+    p, f = make(tmp_path, node_ip_interface="ib0")
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(head, "n2")
+    f.start(w, "n1")
+    p.non_terminated_nodes({})
+    assert (p.internal_ip(head), p.internal_ip(w)) == ("127.0.0.3", "127.0.0.2")  # NodeAddr
+    p.cluster_dir.node(head).write_ray_up(RayUp(ip="10.1.2.1", job_id=head))
+    p.cluster_dir.node(w).write_ray_up(RayUp(ip="10.1.2.3", job_id=w))
+    p.non_terminated_nodes({})
+    assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "up-to-date"
+    assert (p.internal_ip(w), p.external_ip(w)) == ("10.1.2.3", "10.1.2.3")
+    assert (p.internal_ip(head), p.external_ip(head)) == ("10.1.2.1", "10.1.2.1")
+    # A fresh provider (the head's autoscaler after `ray up`'s) finds the same.
+    q, _ = make(tmp_path, f, node_ip_interface="ib0")
+    q.non_terminated_nodes({})
+    assert (q.internal_ip(head), q.internal_ip(w)) == ("10.1.2.1", "10.1.2.3")
+
+
+@BOUND
+def test_ray_json_is_read_once_per_node_when_its_ray_comes_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """internal_ip is asked per node several times a tick: it is answered from the record,
+    and ray.json is read once, by the listing that sees the node's Ray come up."""
+    p, f = make(tmp_path)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(w, "n1")
+    p.non_terminated_nodes({})
+    p.cluster_dir.node(w).write_ray_up(RayUp(ip="10.1.2.3", job_id=w))
+    reads: list[str] = []
+    ray_ip = p.cluster_dir.ray_ip
+    monkeypatch.setattr(p.cluster_dir, "ray_ip", lambda i: reads.append(i) or ray_ip(i))
+    for _ in range(3):
+        p.non_terminated_nodes({})
+        assert [p.internal_ip(w) for _ in range(5)] == ["10.1.2.3"] * 5
+    assert reads == [w]
+
+
 def test_completing_and_finished_jobs_are_terminated(tmp_path: Path) -> None:
     p, f = make(tmp_path)
     a, b = p.create_node({}, WORKER_TAGS, 2)
