@@ -20,6 +20,9 @@ Design
 * Workers start Ray themselves in their batch step (agent/) and report it through the
   cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
   check never kills a node that is still starting).
+* A node's address (`internal_ip`) is the one its Ray bound (ray.json: `node_ip_interface`'s
+  where set), read once per node after the listing has seen its Ray up; Slurm's NodeAddr
+  until then. Autoscaler v1 matches a node to its raylet's heartbeats by this address alone.
 * The provider holds its collaborators and calls them through narrow interfaces: the
   launch guard, the gangs (gangs.py), the teardown (teardown.py), the head's walltime.
 * The constructor never raises and never calls Slurm (a raising one would take the head's
@@ -222,7 +225,14 @@ class SlurmNodeProvider(NodeProvider):
         return dict(rec.tags) if rec else {}
 
     def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        """The address the node's Ray bound once it is up (what v1's heartbeats carry),
+        Slurm's NodeAddr before."""
         rec = self._record(node_id)
+        if rec is not None and rec.phase is Phase.RAY_UP:
+            if rec.ip is None:  # read once: a node's Ray keeps its address
+                rec.ip = self.cluster_dir.ray_ip(node_id)
+            if rec.ip:
+                return rec.ip
         return self.gangs.member_ip(node_id, rec.job if rec else None)
 
     def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]

@@ -63,8 +63,6 @@ def test_members_are_pending_until_the_whole_job_runs_and_each_has_its_own_addre
     assert (p.internal_ip("1000.0"), p.internal_ip("1000.1")) == ("127.0.0.3", "127.0.0.4")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.7: a member's address is its host's NodeAddr, "
-                   "not the address its Ray bound (ray.json)")
 def test_a_members_address_is_the_one_its_own_ray_bound(tmp_path: Path) -> None:
     """Issue 26.7: each member's agent writes its own ray.json (nodes/<job>.<k>/); from then on
     that is the member's address, the other member keeps its host's until its Ray is up."""

@@ -34,7 +34,6 @@ def stub(job_id: str) -> Job:
 class Dir:
     up: set[str] = field(default_factory=set)
     released_ids: set[str] = field(default_factory=set)
-    ips: dict[str, str] = field(default_factory=dict)  # what an up node's ray.json says
 
     def tags(self, job_id: str) -> dict[str, str]:
         return {}
@@ -44,9 +43,6 @@ class Dir:
 
     def released(self, node_id: str) -> bool:
         return node_id in self.released_ids
-
-    def ray_ip(self, node_id: str) -> str | None:
-        return self.ips.get(node_id, "") if node_id in self.up else None
 
 
 def run(prev: dict[str, Node], jobs: list[Job], files: Dir | None = None, *,
@@ -91,6 +87,9 @@ ROWS = [
     Row("LISTED, the running worker's agent wrote ray.json -> RAY_UP",
         {"7": Node(job("7"), {KIND: "worker", "ray-node-status": "setting-up"})},
         [job("7")], Phase.RAY_UP, files=Dir(up={"7"})),
+    Row("LISTED, the running head's agent wrote ray.json -> RAY_UP",
+        {"7": Node(job("7", kind="head"), {KIND: "head"})}, [job("7", kind="head")],
+        Phase.RAY_UP, files=Dir(up={"7"})),
     Row("no record, a listed job of ours -> LISTED", {}, [job("7", "PENDING")], Phase.LISTED),
     Row("LISTED, left the active list, Ray not up -> gone, crashed",
         {"7": Node(job("7"), {KIND: "worker"})}, [job("7", "COMPLETING")], None,
@@ -146,25 +145,18 @@ def test_only_a_settled_listing_is_quiet() -> None:
     assert ghost.ghosts and not ghost.quiet
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.7: records carry no address of their own; "
-                   "a head's ray.json is never looked at")
-def test_a_records_address_is_the_one_its_ray_bound_read_once() -> None:
-    """Issue 26.7: the listing that sees a node's Ray up (its ray.json) reads the address it
-    bound onto the record, a head's as well as a worker's; later listings keep it. A running
-    head not up yet is looked at again by every listing, as a worker setting up is."""
-    files = Dir(up={"7", "8"}, ips={"7": "10.1.2.3", "8": "10.1.2.1"})
-    tick = run({}, [job("7"), job("8", kind="head")], files)
-    assert [(tick.nodes[i].phase, tick.nodes[i].ip) for i in ("7", "8")] == [
-        (Phase.RAY_UP, "10.1.2.3"), (Phase.RAY_UP, "10.1.2.1")]
-    files.ips = {}  # read once: not again, though a tags file changed (no record reused)
-    again = run(tick.nodes, [job("7"), job("8", kind="head")], files, listing=2, reuse=False)
-    assert (again.nodes["7"].ip, again.nodes["8"].ip) == ("10.1.2.3", "10.1.2.1")
+def test_a_heads_ray_is_looked_for_too_and_its_address_kept() -> None:
+    """Issue 26.7: a head's ray.json moves it to RAY_UP as a worker's does (the provider then
+    reads the address its Ray bound, once: test_provider.py); until then every listing looks
+    again (no tick is quiet). A RAY_UP record rebuilt (a tags file changed) keeps the address
+    read."""
     starting = run({}, [job("8", kind="head")])
-    assert (starting.nodes["8"].phase, starting.nodes["8"].ip) == (Phase.LISTED, "")
-    assert not starting.quiet
-    up = run(starting.nodes, [job("8", kind="head")], Dir(up={"8"}, ips={"8": "10.1.2.1"}),
-             listing=2)
-    assert (up.nodes["8"].phase, up.nodes["8"].ip) == (Phase.RAY_UP, "10.1.2.1") and up.quiet
+    assert starting.nodes["8"].phase is Phase.LISTED and not starting.quiet
+    up = run(starting.nodes, [job("8", kind="head")], Dir(up={"8"}), listing=2)
+    assert up.nodes["8"].phase is Phase.RAY_UP and up.quiet
+    up.nodes["8"].ip = "10.1.2.1"  # as the provider's internal_ip reads it
+    again = run(up.nodes, [job("8", kind="head")], Dir(up={"8"}), listing=3, reuse=False)
+    assert again.nodes["8"] is not up.nodes["8"] and again.nodes["8"].ip == "10.1.2.1"
 
 
 def test_a_gang_job_that_dies_before_ray_is_one_crash() -> None:

@@ -144,11 +144,7 @@ def test_worker_status_reports_ray_only_once_up(tmp_path: Path) -> None:
 
 
 # --- issue 26 item 7: a node's address is the one its Ray bound --------------------------------
-BOUND = pytest.mark.xfail(strict=True, reason="issue 26.7: internal_ip answers Slurm's NodeAddr, "
-                          "not the address the node's Ray bound (ray.json)")
 
-
-@BOUND
 def test_a_nodes_address_is_the_one_its_ray_bound(tmp_path: Path) -> None:
     """Autoscaler v1 matches a worker to its raylet's heartbeats by internal_ip
     (test_rayapi.py, V1): with `node_ip_interface` the agent binds that interface's address
@@ -173,7 +169,6 @@ def test_a_nodes_address_is_the_one_its_ray_bound(tmp_path: Path) -> None:
     assert (q.internal_ip(head), q.internal_ip(w)) == ("10.1.2.1", "10.1.2.3")
 
 
-@BOUND
 def test_ray_json_is_read_once_per_node_when_its_ray_comes_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """internal_ip is asked per node several times a tick: it is answered from the record,

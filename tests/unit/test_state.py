@@ -74,7 +74,6 @@ def test_missing_files_read_as_none_and_markers(tmp_path: Path) -> None:
     assert not n.ray_stop_requested() and not n.ray_up() and not cdir(tmp_path).ray_up("7")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.7: no reader of a node's bound address")
 def test_the_address_a_nodes_ray_bound_reads_from_its_ray_json(tmp_path: Path) -> None:
     """Issue 26.7: ClusterDir.ray_ip (the provider's per-tick read, and status's) is
     NodeDir.read_ray_up's address: None before ray.json, "" where it does not say."""
