@@ -66,8 +66,6 @@ class RayStart:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.7: the provider answers Slurm's NodeAddr, so "
-                   "v1 terminates the worker 30 s after it comes up")
 def test_v1_keeps_a_node_of_an_interface_address_v2_and_status_agree(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeSlurm()

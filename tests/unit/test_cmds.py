@@ -249,8 +249,6 @@ def test_status_shows_a_gang_as_one_job_with_its_nodes_beneath(tmp_path: Path) -
     assert second == ["\u2514", f"{gang}.1", "n3", "-", "released"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26.7: status shows Slurm's NodeAddr, not the "
-                   "address the node's Ray bound (ray.json)")
 def test_status_shows_the_address_each_nodes_ray_bound(tmp_path: Path) -> None:
     """Issue 26.7: with `node_ip_interface` a node's Ray binds that interface's address (its
     ray.json): status shows it; Slurm's NodeAddr only until the node's Ray is up. A gang's
@@ -277,7 +275,7 @@ def test_status_shows_the_address_each_nodes_ray_bound(tmp_path: Path) -> None:
     assert [m["address"] for m in rows[gang]["members"]] == ["", "10.1.2.5"]
     lines = status.status_lines(status.status_data(c))
     assert next(ln for ln in lines if f" {up} " in ln).split()[4:6] == ["n1", "10.1.2.3"]
-    assert next(ln for ln in lines if f" {gang} (gang" in ln).split()[6:8] == ["n[2-3]", "-"]
+    assert next(ln for ln in lines if f" {gang} (gang" in ln).split()[7:9] == ["n[2-3]", "-"]
 
 
 def test_follow_prints_until_the_job_is_gone(tmp_path: Path) -> None:
