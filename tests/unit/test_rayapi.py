@@ -378,8 +378,8 @@ class V1:
         assert self.autoscaler.num_failures == 0, "the update raised (logged above)"
 
     def kept(self, beats: list[str], seconds: int = 60) -> list[float]:
-        """Tick every 5 s for `seconds` with heartbeats from `beats`: the times at which the
-        provider still listed each node (the last one's, per node id)."""
+        """Tick every 5 s for `seconds`, heartbeats from `beats` each time; for each node
+        listed at the start, the last tick (s) whose listing still had it."""
         ids = list(self.provider.non_terminated_nodes({}))
         last = dict.fromkeys(ids, -1.0)
         for t in range(0, seconds + 1, 5):
