@@ -5,9 +5,11 @@ it takes the interface's address, puts it in `ray start --node-ip-address` and, 
 it started, writes ray.json; only `ray start` itself is a stand-in. While both "run", the real
 provider is driven by Ray's own autoscaler v1 (StandardAutoscaler, whose heartbeats carry the
 address each raylet bound) and read by v2's NodeProviderAdapter, and `ray-slurm status` reads
-the cluster. The sandbox's nodes share one network namespace, so no node has an interface of
-its own here: both agents bind `lo` (127.0.0.1), while Slurm's NodeAddr of their nodes is
-127.0.0.3 (the head's n2) and 127.0.0.2 (the worker's n1).
+the cluster. Both agents run in this process, so `ib0` has each node's address through a
+stand-in for `ip`, in the order they ask: 127.0.1.1 on the head's node (n2), 127.0.1.3 on
+the worker's (n1), loopback addresses the head's port check can bind; Slurm's NodeAddr of
+these nodes is 127.0.0.3 and 127.0.0.2. Four addresses: each node's is told apart from the
+other's and from its NodeAddr.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from tests.unit.test_launch_errors import ConfigReader
 from tests.unit.test_rayapi import V1
 
 CLUSTER = "sandbox"  # tests.unit.test_cmds.cluster's config (for `status`)
-INTERFACE = "lo"
+INTERFACE = "ib0"
+#: ib0's address on the head's node, then on the worker's (the head's agent asks first).
+IB0 = ["127.0.1.1", "127.0.1.3"]
 PROVIDER = "ray_slurm_provider.provider.SlurmNodeProvider"
 
 
@@ -89,6 +93,17 @@ def test_v1_keeps_a_node_of_an_interface_address_v2_and_status_agree(
         a.slurm = fake  # whatever it asks Slurm, it asks the fake
         return a
 
+    addresses = list(IB0)
+    real_run = proc.run
+
+    def run(argv: list[str], **kwargs: Any) -> proc.Result:
+        """`ip -4 -o addr show dev ib0`, answered on the node that asks."""
+        if argv[:2] != ["ip", "-4"]:
+            return real_run(argv, **kwargs)
+        assert argv[-2:] == ["dev", INTERFACE]
+        line = f"4: ib0    inet {addresses.pop(0)}/24 scope global ib0\n"
+        return proc.Result(list(argv), 0, line, "")
+
     started: list[tuple[list[str], dict[str, str]]] = []
     children: list[RayStart] = []
 
@@ -99,14 +114,14 @@ def test_v1_keeps_a_node_of_an_interface_address_v2_and_status_agree(
     seen: dict[str, Any] = {}
 
     def while_both_are_up() -> None:
-        (_, head_env), (worker_argv, worker_env) = started
-        bound = shellcmd.get_flag(worker_argv, "--node-ip-address")
-        assert bound == "127.0.0.1"  # lo's, not n1's NodeAddr
+        (head_argv, head_env), (worker_argv, worker_env) = started
+        bound = [shellcmd.get_flag(a, "--node-ip-address") for a in (head_argv, worker_argv)]
+        assert bound == IB0  # ib0's on each node, not its NodeAddr
         v1 = V1(monkeypatch, {"type": "external", "module": PROVIDER, "state_dir": state,
                               "node_ip_interface": INTERFACE}, cluster_name=CLUSTER)
         v1.provider._client = fake
-        # Each raylet's heartbeats carry the address it bound (both lo's here).
-        seen["v1"] = v1.kept([bound])
+        # Each raylet's heartbeats carry the address it bound.
+        seen["v1"] = v1.kept(IB0)
         seen["ips"] = [v1.provider.internal_ip(i) for i in (head, worker)]
         from ray.autoscaler.v2.instance_manager.node_provider import NodeProviderAdapter
 
@@ -120,6 +135,7 @@ def test_v1_keeps_a_node_of_an_interface_address_v2_and_status_agree(
     worker_agent = agent(WorkerAgent, worker, "n1")
     children += [RayStart(worker_agent.main), RayStart(while_both_are_up)]
     monkeypatch.setattr(proc, "start", start)
+    monkeypatch.setattr(proc, "run", run)
     monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
     monkeypatch.setattr(HeadAgent, "watch", lambda self, req_id: None)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -132,9 +148,10 @@ def test_v1_keeps_a_node_of_an_interface_address_v2_and_status_agree(
     assert children == [] and "v1" in seen, "the worker's Ray never came up"
     # v1: neither node is terminated as "lost contact with raylet" (at 30 s it was).
     assert seen["v1"] == [60.0, 60.0]
-    assert seen["ips"] == ["127.0.0.1", "127.0.0.1"]
+    assert seen["ips"] == IB0
     # v2: matched by instance id, which the interface does not touch.
     assert seen["v2"] == {head: True, worker: True}
     assert seen["instance ids"] == [head, worker]
-    assert seen["status"] == {head: ("127.0.0.1", True), worker: ("127.0.0.1", True)}
+    assert seen["status"] == {head: ("127.0.1.1", True), worker: ("127.0.1.3", True)}
+    assert addresses == []  # each agent asked once
     assert not (cli.cdir.node(worker).path / "ray.json").exists()  # Ray gone: unmarked

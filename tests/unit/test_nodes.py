@@ -159,6 +159,17 @@ def test_a_heads_ray_is_looked_for_too_and_its_address_kept() -> None:
     assert again.nodes["8"] is not up.nodes["8"] and again.nodes["8"].ip == "10.1.2.1"
 
 
+def test_ray_up_and_came_up_follow_ray_json_whoever_starts_ray() -> None:
+    """RAY_UP and a worker's `came_up` (it clears its type's crash hold-back: a crash is a
+    worker gone before RAY_UP, told whatever the setting) follow ray.json, which the agent
+    writes either way; only the worker's status tag waits for `watch_workers`."""
+    tick = advance({}, [job("7")], listing=1, now=0.0, reuse=True, files=Dir(up={"7"}),
+                   rules=Rules(submit_tag="nonce", watch_workers=False, gone_ttl_s=TTL),
+                   stray=lambda nonce: False)
+    assert tick.nodes["7"].phase is Phase.RAY_UP and tick.events.came_up == [""]
+    assert "ray-node-status" not in tick.nodes["7"].tags
+
+
 def test_a_gang_job_that_dies_before_ray_is_one_crash() -> None:
     prev = {f"7.{k}": Node(job("7", size=2), {KIND: "worker"}, Phase.LISTED, G2[k])
             for k in (0, 1)}

@@ -404,11 +404,13 @@ class AddressedProvider(FakeProvider):
 @pytest.mark.parametrize(("address", "kept"), [("10.1.2.3", 60.0), ("127.0.0.2", 25.0)])
 def test_v1_keeps_a_worker_while_its_internal_ip_is_the_one_its_heartbeats_carry(
         monkeypatch: pytest.MonkeyPatch, address: str, kept: float) -> None:
-    """What SlurmNodeProvider.internal_ip answers for: v1 matches a worker to its raylet's
-    heartbeats by `provider.internal_ip(node)` alone. Up-to-date, it is marked active once
-    under that address; if its raylet (bound to 10.1.2.3) reports under another, the worker
-    is terminated as "lost contact with raylet" once AUTOSCALER_HEARTBEAT_TIMEOUT_S (30 s)
-    have passed."""
+    """Ray's v1 over a fake provider whose internal_ip is set per node: it matches a worker
+    to its raylet's heartbeats by `provider.internal_ip(node)` alone. Up-to-date, it is
+    marked active once under that address; if its raylet (bound to 10.1.2.3) reports under
+    another, the worker is terminated as "lost contact with raylet" once
+    AUTOSCALER_HEARTBEAT_TIMEOUT_S (30 s) have passed. Why SlurmNodeProvider.internal_ip
+    answers the address the node's Ray bound: test_provider.py, and v1 over the real
+    provider in tests/integration/test_node_address.py."""
     from ray.autoscaler._private.constants import AUTOSCALER_HEARTBEAT_TIMEOUT_S
     from ray.autoscaler.tags import (
         NODE_KIND_HEAD,
