@@ -443,14 +443,19 @@ class ClusterDir:
         return os.path.exists(f"{self._nodes_dir}/{job_id}/{_RAY}")
 
     def ray_ip(self, node_id: str) -> str | None:
-        """The address the node's Ray bound (NodeDir.read_ray_up's), None while it is not
-        up, "" when ray.json cannot say. No NodeDir built: the provider reads every node's
-        once (10,000 on a restarted head's first tick under autoscaler v1)."""
+        """The address the node's Ray bound (NodeDir.read_ray_up's): None without ray.json
+        (not up), "" when it is there but names no address (unreadable, not an object, no
+        string `ip`): up, as ray_up says, its address unknown. No NodeDir built: the
+        provider reads every node's once (10,000 on a restarted head's first tick under
+        autoscaler v1)."""
+        path = f"{self._nodes_dir}/{node_id}/{_RAY}"
         try:
-            up = _read(f"{self._nodes_dir}/{node_id}/{_RAY}", RayUp)
+            up = _read(path, RayUp)
         except (OSError, ValueError):
-            return ""  # there but unreadable: up (as ray_up says), its address unknown
-        return None if up is None else up.ip
+            return ""
+        if up is None:  # no file, or JSON that is no object (null reads as no file)
+            return "" if os.path.exists(path) else None
+        return up.ip if isinstance(up.ip, str) else ""
 
     def released(self, node_id: str) -> bool:
         """NodeDir.released (per gang member per changed listing)."""

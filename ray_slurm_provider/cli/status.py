@@ -2,11 +2,12 @@
 
 Asks the controller ONE question (the cluster's job list, as the provider does) and reads the
 rest from the cluster directory: which node's Ray is up and the address it bound (its ray.json;
-Slurm's NodeAddr before), the tags Ray set, the head's addresses. Pending jobs show Slurm's
-reason and its estimated start time. Then one question to accounting (sacct): how the last N
-nodes that left the queue ended; without accounting it says so. Last, each node type's last
-launch error (errors.json, provider/guard.py): "launch failing" while the type is held back,
-"last launch error" once its hold-back has run out.
+before, Slurm's NodeAddr, none for a gang member: the listing has each job's batch host's
+NodeAddr only), the tags Ray set, the head's addresses. Pending jobs show Slurm's reason and
+its estimated start time. Then one question to accounting (sacct): how the last N nodes that
+left the queue ended; without accounting it says so. Last, each node type's last launch
+error (errors.json, provider/guard.py): "launch failing" while the type is held back, "last
+launch error" once its hold-back has run out.
 """
 
 from __future__ import annotations

@@ -36,10 +36,13 @@ one per job). A GHOST is a worker no listing showed: autoscaler v2 matches launc
 listed nodes, so it is listed once more. A running node not yet RAY_UP is looked at by every
 listing (its record is never reused, no tick is quiet). Once RAY_UP, the node's address is
 the one its Ray bound (ray.json: `node_ip_interface`'s where set), which the provider's
-internal_ip reads once onto the record (`ip`), kept while the record is rebuilt; Slurm's
-NodeAddr before. A worker's status tag follows RAY_UP when workers start Ray themselves
-(disable_node_updaters). "create" and "terminate" are the provider's create_node and
-terminate_nodes, under its lock.
+internal_ip reads onto the record (`ip`, under the provider's lock, once it names one), kept
+while the record is rebuilt; Slurm's NodeAddr before. RAY_UP and a worker's `came_up` event
+(it clears its type's crash hold-back, as `crashed` sets it: both with or without
+disable_node_updaters) follow ray.json, which the agent writes either way; only a worker's
+status tag waits for that setting (`watch_workers`, which bootstrap forces: workers start Ray
+themselves). "create" and "terminate" are the provider's create_node and terminate_nodes,
+under its lock.
 """
 
 from __future__ import annotations
@@ -107,8 +110,8 @@ class Node:
     group: Group | None = None
     born: int = 0  # CREATED: how many listings had started when sbatch returned
     since: float = 0.0  # CANCELLING: when the scancel was sent
-    #: RAY_UP: the address its Ray bound, read from ray.json by the first internal_ip call
-    #: (not by the listing: autoscaler v2 never asks); None: not read yet.
+    #: RAY_UP: the address its Ray bound, read from ray.json by internal_ip (not by the
+    #: listing: autoscaler v2 never asks); None: not read yet, or ray.json named none.
     ip: str | None = None
 
     @property
@@ -152,7 +155,8 @@ class Tick:
     shown: list[str]
     events: Events
     #: Nothing may change before the listing does (no creation or cancellation pending, no
-    #: worker setting up): the next tick may reuse this one (the provider's steady tick).
+    #: node running before its Ray is up): the next tick may reuse this one (the provider's
+    #: steady tick).
     quiet: bool
     ghosts: bool  # a GHOST was kept: the next tick re-reads every record's files
     jobs: Sequence[Job] = ()  # the listing it came from
@@ -208,8 +212,10 @@ class _Listing:
             self.nodes[node_id] = rec
             return
         tags = {**created, **self.files.tags(node_id)}
-        # A node's Ray, once seen up, stays on its node until its job ends (agent/): not
-        # looked for again. A job that is not running cannot have come up.
+        # Once seen up, a node is not looked at again: a worker's Ray stays up until its job
+        # ends (agent/); a head's may be stopped and started again in its job (`ray stop`,
+        # `ray up`: handoff.py), on the same node, so with the same address. A job that is
+        # not running cannot have come up.
         seen = rec if rec is not None and rec.phase is _RAY_UP else None
         up = seen is not None or (job.running and self.files.ray_up(node_id))
         worker = tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER

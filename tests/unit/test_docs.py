@@ -111,7 +111,6 @@ def test_the_user_guide_says_status_shows_the_address_each_nodes_ray_bound() -> 
     assert BOUND in row
 
 
-@pytest.mark.xfail(strict=True, reason="they said NodeAddr for every node until its Ray is up")
 def test_status_docs_say_a_gang_members_address_is_blank_until_its_ray_is_up() -> None:
     """Before its Ray is up a gang member shows no address, and a gang job's row never does
     (status's one listing has its batch host's NodeAddr only; test_cmds.py,

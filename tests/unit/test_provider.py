@@ -189,7 +189,6 @@ def test_ray_json_is_read_once_per_node_when_its_ray_comes_up(
     assert reads == [w]
 
 
-@pytest.mark.xfail(strict=True, reason="an unreadable ray.json pinned Slurm's NodeAddr")
 def test_an_unreadable_ray_json_is_read_again_until_it_says_the_address(
         tmp_path: Path) -> None:
     """A ray.json that cannot be read (garbled, a filesystem error) gives Slurm's NodeAddr for
@@ -223,7 +222,6 @@ def test_a_ray_json_not_there_is_looked_for_again(tmp_path: Path) -> None:
     assert p.internal_ip(head) == "10.1.2.1"
 
 
-@pytest.mark.xfail(strict=True, reason="the address was kept outside the lock: lost")
 def test_the_address_read_is_kept_by_a_listing_meanwhile(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """internal_ip keeps the address on the node's record under the provider's lock, as
@@ -254,7 +252,6 @@ def test_the_address_read_is_kept_by_a_listing_meanwhile(
     assert reads == [w]
 
 
-@pytest.mark.xfail(strict=True, reason="a leftover ray.json made a new job RAY_UP")
 def test_a_new_run_drops_what_ended_jobs_left_under_ids_slurm_gives_again(
         tmp_path: Path) -> None:
     """Job ids restart after a controller's state is reset, and jobs killed outright (SIGKILL,

@@ -44,7 +44,6 @@ def test_a_running_jobs_log_never_moves_when_a_new_run_starts(
     assert capsys.readouterr().out == "still running\n"
 
 
-@pytest.mark.xfail(strict=True, reason="node dirs of ended jobs stayed for new jobs")
 def test_a_new_run_removes_the_node_dirs_of_the_jobs_slurm_no_longer_lists(
         tmp_path: Path) -> None:
     """Ids repeat: a new job must not find an ended job's hand-off files (ray.json, markers,
