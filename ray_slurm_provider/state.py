@@ -88,10 +88,11 @@ def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
         raise
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: str | Path) -> Any:
     """The file's JSON, or None when it does not exist (yet)."""
     try:
-        return json.loads(path.read_text())
+        with open(path) as f:
+            return json.loads(f.read())
     except FileNotFoundError:
         return None
 
@@ -189,7 +190,7 @@ def _break_stale(lock: Path, now: float) -> None:
     aside.unlink(missing_ok=True)
 
 
-def _read(path: Path, cls: type[R]) -> R | None:
+def _read(path: str | Path, cls: type[R]) -> R | None:
     """A typed hand-off file, or None when it does not exist; ValueError if malformed. Keys
     the type does not know are ignored and a missing key takes its field's default (other
     releases' writers); a missing key without one is malformed."""
@@ -219,7 +220,8 @@ class AgentInfo:
 
 @dataclass(frozen=True)
 class RayUp:
-    """ray.json: Ray is up on the node (its presence is what the provider checks)."""
+    """ray.json: Ray is up on the node, bound to `ip`: the node's address for the provider
+    (autoscaler v1 matches heartbeats by it) and for `ray-slurm status`."""
 
     ip: str
     job_id: str
@@ -439,6 +441,21 @@ class ClusterDir:
     def ray_up(self, job_id: str) -> bool:
         """NodeDir.ray_up without building one (per node per tick)."""
         return os.path.exists(f"{self._nodes_dir}/{job_id}/{_RAY}")
+
+    def ray_ip(self, node_id: str) -> str | None:
+        """The address the node's Ray bound (NodeDir.read_ray_up's): None without ray.json
+        (not up), "" when it is there but names no address (unreadable, not an object, no
+        string `ip`): up, as ray_up says, its address unknown. No NodeDir built: the
+        provider reads every node's once (10,000 on a restarted head's first tick under
+        autoscaler v1)."""
+        path = f"{self._nodes_dir}/{node_id}/{_RAY}"
+        try:
+            up = _read(path, RayUp)
+        except (OSError, ValueError):
+            return ""
+        if up is None:  # no file, or JSON that is no object (null reads as no file)
+            return "" if os.path.exists(path) else None
+        return up.ip if isinstance(up.ip, str) else ""
 
     def released(self, node_id: str) -> bool:
         """NodeDir.released (per gang member per changed listing)."""

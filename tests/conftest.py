@@ -32,6 +32,8 @@ PORT_OFFSET_ENV = "RAY_SLURM_SANDBOX_PORT_OFFSET"
 #: Another session's outage test may have a daemon stopped for a moment: wait this long for a
 #: partly running sandbox to recover before repairing it.
 SHARED_RECOVERY_S = 60.0
+#: The modules whose tests run as the sandbox's users, with a Python built for them.
+USER_VENV_MODULES = ("test_two_users", "test_apptainer")
 
 
 def _truthy(name: str) -> bool:
@@ -110,7 +112,7 @@ def _start_sandbox(state_dir: str) -> Sandbox:
 
 
 @pytest.fixture(scope="session")
-def sandbox() -> Iterator[Sandbox]:
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     """The local Slurm sandbox, its env exported into os.environ for the whole session."""
     state_dir = default_state_dir()
     started = False
@@ -124,6 +126,11 @@ def sandbox() -> Iterator[Sandbox]:
         if _truthy("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+    modules = {getattr(item.module, "__name__", "") for item in request.session.items
+               if isinstance(item, pytest.Function)}
+    if sb.users() and any(m.endswith(USER_VENV_MODULES) for m in modules):
+        from tests.e2e.users import prepare_user_venv  # imports Ray: only when needed
+        prepare_user_venv(sb)  # ~1 min of pip, overlapped with the tests before them
     saved = {k: os.environ.get(k) for k in [*sb.env(), "SLURM_JWT"]}
     os.environ.pop("SLURM_JWT", None)  # with it, srun authenticates by JWT and task launch fails
     os.environ.update(sb.env())

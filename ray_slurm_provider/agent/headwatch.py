@@ -107,10 +107,12 @@ class HeadWatch:
 
 
 def start(cdir: ClusterDir, head: HeadInfo, alive: Callable[[], bool],
-          on_gone: Callable[[str], None], node: NodeDir | None = None) -> threading.Thread:
+          on_gone: Callable[[str], None], node: NodeDir | None = None, *,
+          period_s: float = PERIOD_S,
+          connect: Callable[[str, int], str] = probe_gcs) -> threading.Thread:
     """Watch in a daemon thread (it ends with the agent)."""
-    watch = HeadWatch(cdir, head, node=node)
-    t = threading.Thread(target=watch.run, args=(alive, on_gone), daemon=True,
+    watch = HeadWatch(cdir, head, node=node, connect=connect)
+    t = threading.Thread(target=watch.run, args=(alive, on_gone, period_s), daemon=True,
                          name="head-watch")
     t.start()
     return t

@@ -8,17 +8,24 @@ line, and ends the job soon after its head is gone (headwatch.py).
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.agent import headwatch
 from ray_slurm_provider.agent.agent import START_BACKOFF, Agent, Stopping, log
-from ray_slurm_provider.nodespec import DEFAULT_WORKER_START
+from ray_slurm_provider.nodespec import DEFAULT_WORKER_START, NodeSpec
 from ray_slurm_provider.retry import retry
 from ray_slurm_provider.slurm.client import SlurmError
 
 
 class WorkerAgent(Agent):
+    def __init__(self, spec: NodeSpec, env: dict[str, str]) -> None:
+        super().__init__(spec, env)
+        # The head watch's period and GCS probe: tests shorten the one and fake the other.
+        self.watch_period_s = headwatch.PERIOD_S
+        self.watch_connect: Callable[[str, int], str] = headwatch.probe_gcs
+
     signalled = False  # Slurm signalled the job (scancel, time limit, srun ending a gang)
 
     def on_signal(self, signum: int, frame: Any) -> None:
@@ -102,7 +109,8 @@ class WorkerAgent(Agent):
         if head:
             headwatch.start(self.cdir, head, on_gone=self.on_head_gone,
                             alive=lambda: not (self.terminating or self.finished),
-                            node=self.ndir)
+                            node=self.ndir, period_s=self.watch_period_s,
+                            connect=self.watch_connect)
         return head is not None
 
     def on_head_gone(self, reason: str) -> None:

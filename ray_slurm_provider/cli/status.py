@@ -1,11 +1,13 @@
 """`ray-slurm status CONFIG [--json] [--ended N]`.
 
 Asks the controller ONE question (the cluster's job list, as the provider does) and reads the
-rest from the cluster directory: which node's Ray is up, the tags Ray set, the head's
-addresses. Pending jobs show Slurm's reason and its estimated start time. Then one question
-to accounting (sacct): how the last N nodes that left the queue ended; without accounting it
-says so. Last, each node type's last launch error (errors.json, provider/guard.py): "launch
-failing" while the type is held back, "last launch error" once its hold-back has run out.
+rest from the cluster directory: which node's Ray is up and the address it bound (its ray.json;
+before, Slurm's NodeAddr, none for a gang member: the listing has each job's batch host's
+NodeAddr only), the tags Ray set, the head's addresses. Pending jobs show Slurm's reason and
+its estimated start time. Then one question to accounting (sacct): how the last N nodes that
+left the queue ended; without accounting it says so. Last, each node type's last launch
+error (errors.json, provider/guard.py): "launch failing" while the type is held back, "last
+launch error" once its hold-back has run out.
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
         size = int(tags.pop(GROUP_TAG, "1"))
         tags = {**tags, **cluster.cdir.tags(j.job_id)}
         pending = j.state == "PENDING"
+        ip = cluster.cdir.ray_ip(j.job_id)  # the address its Ray bound, once up
         row: dict[str, Any] = {
             "node_type": tags.get(NODE_TYPE, "?"), "kind": tags.get(KIND, "?"),
             "job_id": j.job_id, "state": j.state, "node": j.batch_host or j.nodes,
-            "address": j.node_addr, "ray_up": cluster.cdir.ray_up(j.job_id),
+            "address": ip or j.node_addr, "ray_up": ip is not None,
             "ray_status": tags.get(STATUS, ""), "resources": _resources(
                 cluster, tags.get(NODE_TYPE, "")),
             "time_left_s": j.left_s(), "time_limit_s": j.time_limit_s,
@@ -72,8 +75,9 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
             "expected_start": j.start_time if pending else "",
             "partition": j.partition,
         }
-        if size > 1:  # a gang job: its members beneath it
+        if size > 1:  # a gang job: its members beneath it, each with its own address
             row["node"] = j.nodes
+            row["address"] = ""
             row["members"] = member_rows(cluster, j, size)
             row["ray_up"] = all(m["ray_up"] for m in row["members"] if not m["released"])
         rows.append(row)
@@ -81,13 +85,14 @@ def node_rows(cluster: Cluster, jobs: list[Job]) -> list[dict[str, Any]]:
 
 
 def member_rows(cluster: Cluster, job: Job, size: int) -> list[dict[str, Any]]:
-    """A gang job's members: where each runs, whether its Ray is up or it was released."""
+    """A gang job's members: where each runs, whether its Ray is up (and the address it
+    bound) or it was released."""
     hosts = expand_hostlist(job.nodes) if job.nodes and job.state != "PENDING" else []
     out = []
     for k, node_id in enumerate(member_ids(job.job_id, size)):
-        up = cluster.cdir.node(node_id).read_ray_up()
+        ip = cluster.cdir.ray_ip(node_id)
         out.append({"node_id": node_id, "node": hosts[k] if k < len(hosts) else "",
-                    "address": up.ip if up else "", "ray_up": up is not None,
+                    "address": ip or "", "ray_up": ip is not None,
                     "released": cluster.cdir.node(node_id).released()})
     return out
 

@@ -66,7 +66,7 @@ def release(node_ids: Iterable[str], size: Callable[[str], int],
 
 class Gangs:
     """The provider's gang collaborator: the ids of a new gang job's members, a member's
-    release marker, and members' addresses (each host's looked up once)."""
+    release marker, and members' NodeAddrs (each host's looked up once)."""
 
     def __init__(self, cluster_dir: ClusterDir, slurm: Callable[[], SlurmClient]) -> None:
         self._cluster_dir = cluster_dir
@@ -93,9 +93,10 @@ class Gangs:
         ndir.release()
 
     def member_ip(self, node_id: str, job: Job | None) -> str | None:
-        """A node's address: its job's batch host's; for a gang member, the k-th host of its
-        job's node list (k = 0 is the batch host), looked up once per host. None while the
-        job is pending (no node yet), as Ray's cloud providers do."""
+        """A node's NodeAddr (its address until its Ray is up: nodes.py): its job's batch
+        host's; for a gang member, the k-th host of its job's node list (k = 0 is the batch
+        host), looked up once per host. None while the job is pending (no node yet), as
+        Ray's cloud providers do."""
         if job is None:
             return None
         k = split(node_id)[1]

@@ -14,7 +14,7 @@ it under its lock and acts on its events afterwards.
 | CREATED    | not shown by a listing started after (a head)          | gone        | advance   |
 | GHOST      | the next listing                                       | gone: ended | advance   |
 | -          | a listed job of ours this process has no record of     | LISTED      | advance   |
-| LISTED     | a running worker's agent wrote ray.json                | RAY_UP      | advance   |
+| LISTED     | a running node's agent wrote ray.json                  | RAY_UP      | advance   |
 | LISTED     | the job left Slurm's active list                       | gone: ended | advance   |
 | RAY_UP     | the job left Slurm's active list                       | gone: ended | advance   |
 | shown      | terminated, a gang member whose group lives on         | RELEASED    | terminate |
@@ -34,9 +34,15 @@ scancel or release ("gone: ended") is an event: `orphans` when its ray.json is s
 (its agent must stop Ray), else `crashed` unless it was RAY_UP (it died before Ray started;
 one per job; provider/ends.py judges it once its end is final). A GHOST is a worker no
 listing showed: autoscaler v2 matches launch requests to listed nodes, so it is listed once
-more. RAY_UP is tracked for workers only, when workers start Ray themselves
-(disable_node_updaters). "create" and "terminate" are the provider's create_node and
-terminate_nodes, under its lock.
+more. A running node not yet RAY_UP is looked at by every listing (its record is never
+reused, no tick is quiet). Once RAY_UP, the node's address is the one its Ray bound
+(ray.json: `node_ip_interface`'s where set), which the provider's internal_ip reads onto the
+record (`ip`, under the provider's lock, once it names one), kept while the record is
+rebuilt; Slurm's NodeAddr before. RAY_UP and a worker's `came_up` event (it clears its type's
+crash hold-back, as `crashed` sets it: both with or without disable_node_updaters) follow
+ray.json, which the agent writes either way; only a worker's status tag waits for that
+setting (`watch_workers`, which bootstrap forces: workers start Ray themselves). "create" and
+"terminate" are the provider's create_node and terminate_nodes, under its lock.
 """
 
 from __future__ import annotations
@@ -105,6 +111,9 @@ class Node:
     group: Group | None = None
     born: int = 0  # CREATED: how many listings had started when sbatch returned
     since: float = 0.0  # CANCELLING: when the scancel was sent
+    #: RAY_UP: the address its Ray bound, read from ray.json by internal_ip (not by the
+    #: listing: autoscaler v2 never asks); None: not read yet, or ray.json named none.
+    ip: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -147,7 +156,8 @@ class Tick:
     shown: list[str]
     events: Events
     #: Nothing may change before the listing does (no creation or cancellation pending, no
-    #: worker setting up): the next tick may reuse this one (the provider's steady tick).
+    #: node running before its Ray is up): the next tick may reuse this one (the provider's
+    #: steady tick).
     quiet: bool
     ghosts: bool  # a GHOST was kept: the next tick re-reads every record's files
     jobs: Sequence[Job] = ()  # the listing it came from
@@ -159,22 +169,18 @@ class Tick:
 
 
 def unchanged(rec: Node, job: Job) -> bool:
-    """`rec` (from the last tick) still describes `job`; the caller checks the files."""
-    return (rec.phase is _LISTED or rec.phase is _RAY_UP) and (
+    """`rec` (from the last tick) still describes `job`; the caller checks the files. A
+    running node whose Ray is not up yet is looked at again (ray.json)."""
+    return (rec.phase is _RAY_UP or (rec.phase is _LISTED and not job.running)) and (
         rec.job.state == job.state and rec.job.comment == job.comment
         and rec.tags.get(TAG_RAY_NODE_STATUS) != STATUS_SETTING_UP)
 
 
-def worker_status(node_id: str, job: Job, seen: bool,
-                  ray_up: Callable[[str], bool]) -> tuple[str, bool]:
-    """A worker's status tag (its agent starts Ray, not a node updater), and whether its Ray
-    is up. A worker's Ray, once `seen` up, stays up until its job ends (agent/), so it is not
-    looked for again, and a job that is not running cannot have come up."""
-    if seen:
-        return STATUS_UP_TO_DATE, True
-    if job.running and ray_up(node_id):
-        return STATUS_UP_TO_DATE, True
-    return (STATUS_SETTING_UP if job.running else STATUS_UNINITIALIZED), False
+def worker_status(job: Job, up: bool) -> str:
+    """A worker's status tag (its agent starts Ray, not a node updater)."""
+    if up:
+        return STATUS_UP_TO_DATE
+    return STATUS_SETTING_UP if job.running else STATUS_UNINITIALIZED
 
 
 def same_listing(jobs: Sequence[Job], last: Sequence[Job]) -> bool:
@@ -210,16 +216,20 @@ class _Listing:
             self.nodes[node_id] = rec
             return
         tags = {**created, **self.files.tags(node_id)}
-        phase = _LISTED
-        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER and self.rules.watch_workers:
-            seen = rec is not None and rec.phase is _RAY_UP
-            status, up = worker_status(node_id, job, seen, self.files.ray_up)
-            tags[TAG_RAY_NODE_STATUS] = status
-            if up:
-                phase = _RAY_UP
-            if up and not seen:
-                self.events.came_up.append(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
-        self.nodes[node_id] = Node(job, tags, phase, group)
+        # Once seen up, a node is not looked at again: a worker's Ray stays up until its job
+        # ends (agent/); a head's may be stopped and started again in its job (`ray stop`,
+        # `ray up`: handoff.py), on the same node, so with the same address. A job that is
+        # not running cannot have come up.
+        seen = rec if rec is not None and rec.phase is _RAY_UP else None
+        up = seen is not None or (job.running and self.files.ray_up(node_id))
+        worker = tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_WORKER
+        if worker and self.rules.watch_workers:
+            tags[TAG_RAY_NODE_STATUS] = worker_status(job, up)
+        if worker and up and seen is None:
+            self.events.came_up.append(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
+        phase = _RAY_UP if up else _LISTED
+        ip = seen.ip if seen is not None else None
+        self.nodes[node_id] = Node(job, tags, phase, group, ip=ip)
 
     def ended(self, node_id: str, rec: Node) -> None:
         """A record the listing dropped. A worker shown before (pending or running: a job
@@ -289,7 +299,7 @@ def advance(prev: Mapping[str, Node], jobs: Sequence[Job], *, listing: int, now:
             run.ended(node_id, rec)
     # One pass (10,000 records at scale): the shown ids, the heads, and whether the tick is
     # quiet: no record waits for a listing to move it on (none CREATED, GHOST or CANCELLING,
-    # none setting up: a worker's Ray may come up, so ray.json is looked for next tick).
+    # none running before its Ray is up: it may come up, so ray.json is looked for next tick).
     shown: list[str] = []
     quiet = True
     for node_id, rec in nodes.items():
@@ -300,7 +310,9 @@ def advance(prev: Mapping[str, Node], jobs: Sequence[Job], *, listing: int, now:
         shown.append(node_id)
         if rec.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             run.events.heads.append(rec)
-        if rec.tags.get(TAG_RAY_NODE_STATUS) == STATUS_SETTING_UP:
+        if rec.phase is _LISTED and rec.job.running:
+            quiet = False
+        elif rec.tags.get(TAG_RAY_NODE_STATUS) == STATUS_SETTING_UP:
             quiet = False
     return Tick(nodes, shown, run.events, quiet, ghosts, jobs, listed=listed)
 

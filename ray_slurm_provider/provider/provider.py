@@ -20,6 +20,10 @@ Design
 * Workers start Ray themselves in their batch step (agent/) and report it through the
   cluster directory; a worker reads `up-to-date` only once its Ray is up (so v1's liveness
   check never kills a node that is still starting).
+* A node's address (`internal_ip`) is the one its Ray bound (ray.json: `node_ip_interface`'s
+  where set), read once per node after the listing has seen its Ray up (again while ray.json
+  names none); Slurm's NodeAddr until then. Autoscaler v1 matches a node to its raylet's
+  heartbeats by this address alone.
 * The provider holds its collaborators and calls them through narrow interfaces: the
   launch guard, the early ends (ends.py: which jobs that died before Ray count against
   their type), the gangs (gangs.py), the teardown (teardown.py), the head's walltime.
@@ -152,9 +156,10 @@ class SlurmNodeProvider(NodeProvider):
             reuse = last is not None and last.key == key
             # The steady tick: the same listing, Job object for Job object (the CLI client's
             # cache), and nothing since that may change a record (no tags file written, no
-            # creation, release or cancellation, no worker setting up: `quiet`). Then every
-            # record is last tick's and no event can come of it: skip the pass over 10,000
-            # jobs (bench/p4_listing_cpu.py). Anything that changes a record drops `quiet`.
+            # creation, release or cancellation, no node running before its Ray is up, whose
+            # ray.json may come: `quiet`). Then every record is last tick's and no event can
+            # come of it: skip the pass over 10,000 jobs (bench/p4_listing_cpu.py). Anything
+            # that changes a record drops `quiet`.
             steady = last is not None and reuse and last.quiet and same_listing(jobs, last.jobs)
             if last is not None and steady:
                 tick = last
@@ -228,8 +233,26 @@ class SlurmNodeProvider(NodeProvider):
         return dict(rec.tags) if rec else {}
 
     def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        """The address the node's Ray bound once it is up (what v1's heartbeats carry),
+        Slurm's NodeAddr before and while ray.json names none."""
         rec = self._record(node_id)
+        if rec is not None and rec.phase is Phase.RAY_UP:
+            ip = rec.ip if rec.ip is not None else self._ray_ip(node_id)
+            if ip:
+                return ip
         return self.gangs.member_ip(node_id, rec.job if rec else None)
+
+    def _ray_ip(self, node_id: str) -> str | None:
+        """ray.json's address, kept on the node's record once it names one (a node's Ray
+        keeps its address: one read per node); while it names none, nothing is kept and the
+        next call reads again. Under the lock, as records change (nodes.py): a listing that
+        rebuilds the record meanwhile waits, then copies the address."""
+        with self._lock:
+            ip = self.cluster_dir.ray_ip(node_id)
+            rec = self._record(node_id)
+            if ip and rec is not None and rec.phase is Phase.RAY_UP:
+                rec.ip = ip
+        return ip
 
     def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         return self.internal_ip(node_id)

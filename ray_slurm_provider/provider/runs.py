@@ -9,6 +9,12 @@ the job runs on): its id cannot be given to a new job while it is listed, and it
 a later run once the job has ended. A log is found by its job id wherever it lives: this
 run's first, else the newest earlier run's with that id (`find_log`). The head's job id is
 recorded (`last_head`) so that its log can be found after the head is gone.
+
+The node dirs (`nodes/<id>/`) of those jobs go too: a job killed outright (SIGKILL, a lost
+node) leaves its hand-off files, and a new job given its id would find them (ray.json: Ray
+up, at the old job's address; an orphan or release marker; a start request). Ids restart
+where the controller's state was lost, which ends every job: the cluster then needs a new
+head, and so a new run.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ _LAST_HEAD = "last_head"
 
 def new_run(cdir: ClusterDir, listed: Iterable[str]) -> Path | None:
     """Move the logs (job logs and kept Ray logs) of jobs not in `listed` (the ids Slurm
-    lists for the cluster now) aside; return where they went, if there were any."""
+    lists for the cluster now) aside and remove their node dirs; return where the logs went,
+    if there were any."""
     live = set(listed)
+    cdir.forget([n for n in cdir.known_nodes() if split(n)[0] not in live])
     ray_logs = cdir.ray_logs("x").parent
     old = [f for f in sorted(cdir.logs.glob("*.out")) if f.stem not in live]
     kept = [d for d in sorted(ray_logs.glob("*")) if split(d.name)[0] not in live]

@@ -75,7 +75,8 @@ print("LOST_RESULT", json.dumps({{"tasks": started, "calls": calls, "restarts": 
       flush=True)
 """
 
-# Sequential 5-second steps on the short-lived node type, for `seconds` after the first.
+# Sequential 5-second steps on the short-lived node type until three steps in a row ran on a
+# job other than the first (the first node left, a replacement took over), or for `seconds`.
 WALLTIME = """
 import json, os, time, ray
 ray.init(log_to_driver=False)
@@ -90,6 +91,9 @@ out = [ray.get(step.remote(0))]  # the node may queue for a while on a busy clus
 t0 = time.time()
 while time.time() - t0 < {seconds}:
     out.append(ray.get(step.remote(len(out))))
+    last = [j for _, j in out[-3:]]
+    if len(last) == 3 and len(set(last)) == 1 and last[0] != out[0][1]:
+        break
 print("WALL_RESULT", json.dumps({{"ids": [i for i, _ in out],
                                  "jobs": sorted({{j for _, j in out}})}}), flush=True)
 """

@@ -11,7 +11,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import urllib.request
 import uuid
@@ -111,21 +110,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return stat_fields(pid)[0] != "Z"
-
-
-def agent_pid(cluster: RayCluster, job_id: str) -> int:
-    info = cluster.cdir.node(job_id).read_agent()
-    assert info, f"job {job_id} has no agent.json"
-    return info.pid
-
-
-def stop(pid: int) -> None:
-    os.kill(pid, signal.SIGSTOP)
-
-
-def cont(pid: int) -> None:
-    if alive(pid):
-        os.kill(pid, signal.SIGCONT)
 
 
 def monitor_log(cluster: RayCluster) -> Path:

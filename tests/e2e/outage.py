@@ -1,6 +1,6 @@
-"""The controller-outage scenario, for either transport: stop a Slurm daemon for 60 s while
-the autoscaler is scaling up, then check that nothing was duplicated or terminated and that
-scaling resumed within two autoscaler ticks of the restart."""
+"""The controller-outage scenario, for either transport: stop a Slurm daemon (60 s unless
+told otherwise) while the autoscaler is scaling up, then check that nothing was duplicated
+or terminated and that scaling resumed within two autoscaler ticks of the restart."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ OUTAGE_S = 60.0
 
 
 def outage(cluster: RayCluster, sandbox: Sandbox, daemon: str, tmp_path: Path,
-           failure: str, ntype: str = "cpu_worker") -> dict[str, Any]:
-    """Run the scenario with `daemon` down; `failure` matches the failed ticks' log lines."""
+           failure: str, ntype: str = "cpu_worker", down_s: float = OUTAGE_S) -> dict[str, Any]:
+    """Run the scenario with `daemon` down for `down_s`; `failure` matches the failed ticks'
+    log lines."""
     stop_f, more = tmp_path / "stop", tmp_path / "more"
     d = Driver(cluster, drivers.OUTAGE.format(stop=str(stop_f), more=str(more)))
     (w1,) = wait_for(lambda: workers(cluster, ntype, ray_up=True), 300, "a worker")
@@ -39,7 +40,7 @@ def outage(cluster: RayCluster, sandbox: Sandbox, daemon: str, tmp_path: Path,
     sandbox.stop_daemon(daemon)
     try:
         more.touch()  # the driver asks for a second worker while Slurm cannot be reached
-        while time.time() < t_stop + OUTAGE_S:
+        while time.time() < t_stop + down_s:
             assert alive(w1_raylet), f"a Ray node died while {daemon} was down"
             time.sleep(1)
     finally:

@@ -31,9 +31,6 @@ from ray_slurm_provider.sandbox import Sandbox
 from tests.e2e import drivers
 from tests.e2e.faults import (
     Driver,
-    agent_pid,
-    alive,
-    cont,
     epoch,
     gone,
     jobs,
@@ -45,7 +42,6 @@ from tests.e2e.faults import (
     raylet_pid,
     run_time_s,
     show_job,
-    stop,
     submit_logged_at,
     submitted_at,
     ticks,
@@ -75,10 +71,11 @@ def config(home: str = "n1") -> dict[str, Any]:
     t["cpu_worker"] = {"resources": {"CPU": 1, "memory": 500_000_000}, "min_workers": 0,
                        "max_workers": 2, "node_config": {"partition": "cpu", "cpus": 1,
                                                          "time": "1:00:00", "exclude": home}}
-    # Time limit 4 minutes: SIGTERM 60 s before it, Ray drains, the autoscaler replaces it.
+    # Time limit 2 minutes (Slurm's unit is the minute): SIGTERM 60 s before it, Ray drains,
+    # the autoscaler replaces it.
     t["short_worker"] = {"resources": {"CPU": 0, "short": 1, "memory": 300_000_000},
                          "min_workers": 0, "max_workers": 1,
-                         "node_config": {"partition": "cpu", "cpus": 1, "time": "4",
+                         "node_config": {"partition": "cpu", "cpus": 1, "time": "2",
                                          "drain_before_limit_s": 60, "nodelist": home}}
     # Slurm refuses its jobs ("Invalid feature specification"); nothing local can tell.
     t["bad_worker"] = {"resources": {"CPU": 0, "bad": 1}, "min_workers": 0, "max_workers": 1,
@@ -165,7 +162,7 @@ def test_controller_outage_loses_nothing(cluster: RayCluster, sandbox: Sandbox,
 
 
 def test_walltime_driver_starts(cluster: RayCluster) -> None:
-    STATE["wall"] = Driver(cluster, drivers.WALLTIME.format(seconds=240))
+    STATE["wall"] = Driver(cluster, drivers.WALLTIME.format(seconds=420))
     STATE["wall_t0"] = time.time()
 
 
@@ -377,7 +374,7 @@ def test_walltime_drains_and_replaces_without_losing_tasks(cluster: RayCluster) 
     first = show_job(res["jobs"][0])
     log = (cluster.cdir.logs / f"{res['jobs'][0]}.out").read_text()
     assert first["JobState"] != "TIMEOUT" and "signal 15" in log, (first, log[-2000:])
-    limit, ran = 240, run_time_s(first)
+    limit, ran = 120, run_time_s(first)
     FIGURES["walltime"] = {
         "limit s": limit, "ran s": ran, "drained before limit s": limit - ran,
         "steps": len(res["ids"]), "jobs": res["jobs"],
@@ -386,31 +383,24 @@ def test_walltime_drains_and_replaces_without_losing_tasks(cluster: RayCluster) 
 
 
 def test_head_gone_ends_every_worker(cluster: RayCluster) -> None:
+    """Each worker's agent ends its job; Ray alone would wait for the GCS for 60 s
+    (`gcs_rpc_server_reconnect_timeout_s`) before its raylet gives up."""
     d = Driver(cluster, drivers.TWO)
 
     def two_up() -> list[Any]:
         up = workers(cluster, "cpu_worker", ray_up=True)
         return up if len(up) >= 2 else []
 
-    watched, frozen = wait_for(two_up, 300, "two workers")[:2]
-    frozen_raylet = raylet_pid(frozen.numeric_id)
-    frozen_agent = agent_pid(cluster, frozen.job_id)
-    stop(frozen_agent)  # shows what Ray alone does, without the agent's head watch
+    first = wait_for(two_up, 300, "two workers")[0]
     head = cluster.head()["job_id"]
     t0 = time.time()
-    try:
-        subprocess.run(["scancel", head], check=True, timeout=30)
-        wait_for(lambda: gone(watched.job_id), 90, "the watched worker to end", every=0.5)
-        t_watched = time.time() - t0
-        wait_for(lambda: not alive(frozen_raylet), 120, "Ray's own exit", every=0.5)
-        t_native = time.time() - t0
-    finally:
-        cont(frozen_agent)
+    subprocess.run(["scancel", head], check=True, timeout=30)
+    wait_for(lambda: gone(first.job_id), 90, "a worker to end", every=0.5)
+    t_first = time.time() - t0
     wait_for(lambda: all(gone(j.job_id) for j in jobs(cluster)) and not jobs(cluster), 90,
              "every job of the cluster to end", every=0.5)
     t_all = time.time() - t0
-    FIGURES["head gone"] = {"watched worker ends s": round(t_watched, 1),
-                            "Ray alone (raylet exit) s": round(t_native, 1),
+    FIGURES["head gone"] = {"first worker ends s": round(t_first, 1),
                             "all jobs ended s": round(t_all, 1)}
     assert t_all <= 90
     del d

@@ -5,8 +5,8 @@ of the cluster remains. An entrypoint interrupted with SIGINT (Ctrl-C): `run` ex
 nothing remains. `sbatch` of the first entrypoint returns at once with the head's job id; the
 head job ends FAILED with exit code 3, its log has the entrypoint's output, nothing remains.
 `scancel` of a one-shot head while its workers run ends everything. Two `sbatch` runs of one
-YAML queued back to back both finish (each is its own cluster, issue 26.1); a setup command
-that fails when run twice (`mkdir`) runs once (issue 26.2).
+YAML queued back to back both finish (each is its own cluster, issue 26.1), and a setup
+command that fails when run twice (`mkdir`) runs once in each (issue 26.2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,8 +166,13 @@ def test_scancel_of_a_one_shot_head_ends_everything(sandbox: object, tmp_path: P
 def test_two_sbatch_runs_of_one_yaml_queued_back_to_back_both_finish(
         sandbox: object, tmp_path: Path) -> None:
     """Issue 26.1: the first run's end cancelled every job of the cluster's name, the second
-    run's queued head included; each run is now its own cluster."""
-    c = RayCluster.from_file(tmp_path, "e2e-sbatch-2", CONFIG)
+    run's queued head included; each run is now its own cluster. Issue 26.2: `sbatch` ran
+    setup_commands twice (once as setup, once inside Ray's head setup), so a `mkdir` failed
+    the head before Ray started: each run's head makes its own dir, once."""
+    marks = tmp_path / "setup"
+    marks.mkdir()
+    c = RayCluster.from_file(tmp_path, "e2e-sbatch-2", CONFIG,
+                             setup_commands=[f"mkdir {marks}/$SLURM_JOB_ID"])
     code = "import ray; ray.init(); print('RUN DONE', flush=True)"
     runs: list[Run] = []
     try:
@@ -176,27 +180,11 @@ def test_two_sbatch_runs_of_one_yaml_queued_back_to_back_both_finish(
         assert runs[0].name != runs[1].name
         for run in runs:
             show = ended(run)
-            assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, show
-            assert "RUN DONE" in run.cdir.log(run.head).read_text()
+            log = run.cdir.log(run.head).read_text()
+            assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, (show, log[-3000:])
+            assert "RUN DONE" in log
             run_left_nothing(run)
+        assert sorted(p.name for p in marks.iterdir()) == sorted(r.head for r in runs)
     finally:
         for run in runs:
-            run.cleanup()
-
-
-def test_a_non_idempotent_setup_command_runs_once(sandbox: object, tmp_path: Path) -> None:
-    """Issue 26.2: `sbatch` ran setup_commands twice (once as setup, once inside Ray's head
-    setup), so a `mkdir` failed the head before Ray started."""
-    mark = f"/tmp/rsp-e2e-setup-once-{uuid.uuid4().hex[:8]}"
-    c = RayCluster.from_file(tmp_path, "e2e-sbatch-setup", CONFIG,
-                             setup_commands=[f"mkdir {mark}"])
-    run = None
-    try:
-        run = sbatch(c, "print('SETUP RAN ONCE', flush=True)")
-        show = ended(run)
-        assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, (
-            show, run.cdir.log(run.head).read_text()[-3000:])
-        assert "SETUP RAN ONCE" in run.cdir.log(run.head).read_text()
-    finally:
-        if run is not None:
             run.cleanup()

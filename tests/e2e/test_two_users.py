@@ -37,13 +37,14 @@ from tests.e2e.users import UserCluster, load_config, user_venv
 pytestmark = [pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox-docker.yaml"
 NAME = "shared-docker"
-#: Four 1-CPU tasks of 20 s: two workers per cluster (the heads have CPU: 0).
+#: Four 1-CPU tasks of 8 s: two workers per cluster (the heads have CPU: 0). The workers, and
+#: so their containers, stay for the idle timeout (10 min here) after the tasks end.
 WORKLOAD = """
 import json, time, ray
 ray.init()
 @ray.remote(num_cpus=1)
 def where(i):
-    time.sleep(20)
+    time.sleep(8)
     return ray.get_runtime_context().get_node_id()
 print("NODES=" + json.dumps(sorted(set(ray.get([where.remote(i) for i in range(4)])))))
 """

@@ -4,6 +4,8 @@ The test process is root; every command of a `UserCluster` runs as its user, fro
 home, with a login-like environment (no root variables) and the user's groups. The users
 cannot run root's Python (it may live under a 0700 home), so `user_venv` installs this
 checkout and the same Ray into the sandbox's shared software dir with Debian's Python.
+Installing Ray takes about a minute: `prepare_user_venv` starts it in the background when the
+session's sandbox starts, so the tests that need it find it ready.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +36,18 @@ def _pip(venv: Path, *args: str) -> None:
         raise AssertionError(f"pip install {' '.join(args)} failed:\n{cp.stderr[-3000:]}")
 
 
-def user_venv(sb: Sandbox) -> Path:
-    """A Python environment every sandbox user can run: Debian's python3.X (the test's minor
-    version), the test's Ray version, and this checkout's package (reinstalled every call, so
-    the users run the code under test)."""
-    venv = Path(sb.layout.shared_dir) / "venv"
+#: The users' Ray install, started at most once per venv path (a session may see one sandbox).
+_BUILDS: dict[Path, Future[None]] = {}
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="user-venv")
+
+
+def _venv_path(sb: Sandbox) -> Path:
+    return Path(sb.layout.shared_dir) / "venv"
+
+
+def _with_ray(venv: Path) -> None:
+    """Debian's python3.X (the test's minor version) with the test's Ray version, built once
+    per Ray version."""
     python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     if not os.access(python, os.X_OK):
         raise AssertionError(f"{python} is missing: the sandbox users need a Python of the "
@@ -48,6 +58,22 @@ def user_venv(sb: Sandbox) -> Path:
         subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=300)
         _pip(venv, f"ray[default]=={ray.__version__}")
         stamp.write_text(ray.__version__)
+
+
+def prepare_user_venv(sb: Sandbox) -> None:
+    """Start installing Ray for the users in the background; `user_venv` waits for it."""
+    venv = _venv_path(sb)
+    if venv not in _BUILDS:
+        _BUILDS[venv] = _POOL.submit(_with_ray, venv)
+
+
+def user_venv(sb: Sandbox) -> Path:
+    """A Python environment every sandbox user can run: Debian's python3.X, the test's Ray
+    version, and this checkout's package (reinstalled every call, so the users run the code
+    under test)."""
+    prepare_user_venv(sb)
+    venv = _venv_path(sb)
+    _BUILDS[venv].result()  # an error of the background build is raised here, in the test
     _pip(venv, "--no-deps", "--force-reinstall", str(ROOT))
     # The package's own requirements (psutil, filelock, ...) as the test's environment has
     # them installed: the checkout may need more than the venv was built with.

@@ -4,6 +4,9 @@
 The agents are stand-ins (a bash trap); the step is the one jobs.gang_step renders. A
 `B:TERM@` (what one-node jobs use) would reach only the batch shell, which is srun here: it
 ends the step at once, and no agent hears a TERM (the second test).
+
+Both jobs are submitted together when the module starts (each waits about a minute for its
+signal, and they do not disturb each other: 2 CPUs of the cpu partition each).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import shlex
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,22 +50,32 @@ def _gang_job(tmp_path: Path, signal: str) -> tuple[CliSlurmClient, str, str]:
     return client, name, client.submit(spec)
 
 
+@pytest.fixture(scope="module")
+def jobs(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory,
+         ) -> Iterator[dict[str, tuple[CliSlurmClient, str, str, Path]]]:
+    """Signal -> (client, name, job id, its dir): both jobs, submitted together."""
+    made = {}
+    for sig in ("TERM@60", "B:TERM@60"):
+        d = tmp_path_factory.mktemp("gang-signal")
+        made[sig] = (*_gang_job(d, sig), d)
+    yield made
+    for client, _, job_id, _ in made.values():
+        client.cancel([job_id])  # gone by now, unless a test failed
+
+
 def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
-        sandbox: Sandbox, tmp_path: Path) -> None:
-    client, name, job_id = _gang_job(tmp_path, "TERM@60")
-    try:
-        jobs = wait_for(client, name, lambda js: bool(js) and all(j.running for j in js),
-                        timeout=90)
-        assert jobs and all(j.running for j in jobs), jobs
-        started = time.monotonic()
-        # Slurm sends it when about 60 s are left, give or take its 30 s check interval.
-        wait_for(client, name, lambda _: sum(e.startswith("drained") for e in
-                                             _events(tmp_path / "events")) == 2, timeout=150)
-        took = time.monotonic() - started
-        # Every task exited 0, so the job ends on its own, before its time limit.
-        left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=30)
-    finally:
-        client.cancel([job_id])  # gone by now, unless the test failed
+        jobs: dict[str, tuple[CliSlurmClient, str, str, Path]]) -> None:
+    client, name, _, tmp_path = jobs["TERM@60"]
+    running = wait_for(client, name, lambda js: bool(js) and all(j.running for j in js),
+                       timeout=90)
+    assert running and all(j.running for j in running), running
+    started = time.monotonic()
+    # Slurm sends it when about 60 s are left, give or take its 30 s check interval.
+    wait_for(client, name, lambda _: sum(e.startswith("drained") for e in
+                                         _events(tmp_path / "events")) == 2, timeout=150)
+    took = time.monotonic() - started
+    # Every task exited 0, so the job ends on its own, before its time limit.
+    left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=30)
     events = _events(tmp_path / "events")
     log = (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
     setups = {e for e in events if e.startswith("setup")}  # which 2 of the 3 nodes: Slurm's
@@ -73,15 +87,12 @@ def test_the_drain_signal_reaches_every_nodes_agent_and_lets_it_drain(
 
 
 def test_a_batch_only_signal_would_kill_the_agents_without_a_drain(
-        sandbox: Sandbox, tmp_path: Path) -> None:
+        jobs: dict[str, tuple[CliSlurmClient, str, str, Path]]) -> None:
     """Why gang jobs do not use `B:TERM@` (one-node jobs do): srun, the batch step's main
     process, ends its step at once on a TERM of its own; no agent hears a TERM."""
-    client, name, job_id = _gang_job(tmp_path, "B:TERM@60")
-    try:
-        # Listed from its submission on; it leaves the queue when srun has ended it.
-        left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=180)
-    finally:
-        client.cancel([job_id])
+    client, name, _, tmp_path = jobs["B:TERM@60"]
+    # Listed from its submission on; it leaves the queue when srun has ended it.
+    left = wait_for(client, name, lambda js: not any(j.active for j in js), timeout=180)
     events = _events(tmp_path / "events")
     log = (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
     assert not any(j.active for j in left), (left, log)

@@ -21,6 +21,8 @@ from ray_slurm_provider.sandbox.probes import node_ready
 from ray_slurm_provider.sandbox.procs import exists, job_processes, owned_processes
 
 pytestmark = pytest.mark.integration
+#: For `sbatch --wrap`: Slurm would write slurm-<job>.out into the directory the suite runs in.
+NO_OUTPUT = ("-o", "/dev/null")
 
 
 def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
@@ -70,7 +72,7 @@ def test_gres_sets_cuda_visible_devices(sandbox: Sandbox, gres: str, expected: s
 
 def test_too_many_gpus_or_too_much_memory_is_refused(sandbox: Sandbox) -> None:
     for opt in ("--gres=gpu:3", "--mem=5000"):
-        res = subprocess.run(["sbatch", "-p", "gpu", opt, "--wrap", "true"],
+        res = subprocess.run(["sbatch", *NO_OUTPUT, "-p", "gpu", opt, "--wrap", "true"],
                              capture_output=True, text=True, timeout=60, check=False)
         assert res.returncode != 0
         assert "Requested node configuration is not available" in res.stderr
@@ -162,7 +164,8 @@ def test_down_leaves_nothing_behind(throwaway: Sandbox) -> None:
     if image is not None:  # a container that only the Epilog or `down` would remove
         script = (f"docker run -d --label slurm.job_id=$SLURM_JOB_ID -v /usr:/usr:ro {image}"
                   " /usr/bin/sleep 600; sleep 600")
-    jobs = [run("sbatch", "--parsable", "-w", node, "--wrap", script, env=env).strip()
+    jobs = [run("sbatch", "--parsable", *NO_OUTPUT, "-w", node, "--wrap", script,
+                env=env).strip()
             for node in ("n1", "n2")]
     deadline = time.monotonic() + 120
     while set(run("squeue", "-h", "-t", "R", "-o", "%i", env=env).split()) != set(jobs):
@@ -170,7 +173,8 @@ def test_down_leaves_nothing_behind(throwaway: Sandbox) -> None:
         time.sleep(0.2)
     # Submitted only now: from 23.11 on, equal priorities (priority/multifactor by default)
     # could let a 2-CPU job submitted beside them take n1 first and keep job 1 pending.
-    run("sbatch", "--parsable", "-w", "n1", "-c", "2", "--wrap", "sleep 600", env=env)  # pends
+    run("sbatch", "--parsable", *NO_OUTPUT, "-w", "n1", "-c", "2", "--wrap", "sleep 600",
+        env=env)  # pends
     pids = [p for p in throwaway.status().daemons.values() if p is not None]
     assert len(pids) == 5 + (1 if image else 0)
     t0 = time.monotonic()

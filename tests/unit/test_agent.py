@@ -412,7 +412,8 @@ def test_the_head_is_watched_from_before_ray_start(tmp_path: Path,
                         or real_start(argv, env))
     watches: list[Any] = []
 
-    def watch(cdir: Any, head: Any, alive: Any, on_gone: Any, node: Any = None) -> None:
+    def watch(cdir: Any, head: Any, alive: Any, on_gone: Any, node: Any = None,
+              **kw: Any) -> None:
         events.append("watch")
         watches.append(alive)
 

@@ -249,6 +249,35 @@ def test_status_shows_a_gang_as_one_job_with_its_nodes_beneath(tmp_path: Path) -
     assert second == ["\u2514", f"{gang}.1", "n3", "-", "released"]
 
 
+def test_status_shows_the_address_each_nodes_ray_bound(tmp_path: Path) -> None:
+    """Issue 26.7: with `node_ip_interface` a node's Ray binds that interface's address (its
+    ray.json): status shows it; Slurm's NodeAddr only until the node's Ray is up. A gang's
+    job row leaves the address to its members, each of which has its own."""
+    from ray_slurm_provider.jobs import GROUP_TAG
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake, node_ip_interface="ib0")
+    tags = {"ray-node-type": "worker", "ray-user-node-type": "cpu_worker"}
+    up = fake.submit(JobSpec("ray-sandbox", ["true"]), comment=encode_tags(tags))
+    starting = fake.submit(JobSpec("ray-sandbox", ["true"]), comment=encode_tags(tags))
+    gang = fake.submit(JobSpec("ray-sandbox", ["true"], nodes=2, ntasks=2),
+                       comment=encode_tags({**tags, GROUP_TAG: "2"}))
+    fake.start(up, "n1")
+    fake.start(starting, "n2")
+    fake.start(gang, "n[2-3]")
+    c.cdir.create()
+    c.cdir.node(up).write_ray_up(RayUp(ip="10.1.2.3", job_id=up))
+    c.cdir.node(f"{gang}.1").write_ray_up(RayUp(ip="10.1.2.5", job_id=gang))
+    rows = {r["job_id"]: r for r in status.status_data(c)["nodes"]}
+    assert (rows[up]["address"], rows[up]["ray_up"]) == ("10.1.2.3", True)  # NodeAddr .2
+    assert (rows[starting]["address"], rows[starting]["ray_up"]) == ("127.0.0.3", False)
+    assert rows[gang]["address"] == ""
+    assert [m["address"] for m in rows[gang]["members"]] == ["", "10.1.2.5"]
+    lines = status.status_lines(status.status_data(c))
+    assert next(ln for ln in lines if f" {up} " in ln).split()[4:6] == ["n1", "10.1.2.3"]
+    assert next(ln for ln in lines if f" {gang} (gang" in ln).split()[7:9] == ["n[2-3]", "-"]
+
+
 def test_follow_prints_until_the_job_is_gone(tmp_path: Path) -> None:
     log = tmp_path / "1.out"
     out = io.StringIO()

@@ -96,6 +96,34 @@ def test_a_doc_naming_the_batch_signal_names_the_gangs_too() -> None:
     assert not wrong, f"{wrong} say B:TERM@ without the gang job's TERM@"
 
 
+BOUND = "the address the node's Ray bound"
+
+
+def test_the_user_guide_says_status_shows_the_address_each_nodes_ray_bound() -> None:
+    """Issue 26.7: `status` shows the address each node's Ray bound (`node_ip_interface`'s
+    where set), Slurm's NodeAddr only until its Ray is up (test_cmds.py,
+    test_status_shows_the_address_each_nodes_ray_bound): the Node IPs section and the
+    command table say so."""
+    guide = _docs()["docs/user-guide.md"]
+    section = " ".join(guide.split("### Node IPs", 1)[1].split("\n#", 1)[0].split())
+    assert BOUND in section and "node_ip_interface" in section and "NodeAddr" in section
+    row = next(ln for ln in guide.splitlines() if ln.startswith("| `status CONFIG"))
+    assert BOUND in row
+
+
+def test_status_docs_say_a_gang_members_address_is_blank_until_its_ray_is_up() -> None:
+    """Before its Ray is up a gang member shows no address, and a gang job's row never does
+    (status's one listing has its batch host's NodeAddr only; test_cmds.py,
+    test_status_shows_the_address_each_nodes_ray_bound): the user guide's Node IPs section
+    and command table and status.py's docstring say so."""
+    from ray_slurm_provider.cli import status
+
+    guide = _docs()["docs/user-guide.md"]
+    section = " ".join(guide.split("### Node IPs", 1)[1].split("\n#", 1)[0].split())
+    row = next(ln for ln in guide.splitlines() if ln.startswith("| `status CONFIG"))
+    said = " ".join((status.__doc__ or "").split())
+    assert all("gang member" in text and "NodeAddr" in text for text in (section, row, said))
+
 
 def test_the_user_guide_says_which_early_ends_count() -> None:
     """It said the CLI back end asks `sacct` (it asks slurmctld first) and that without

@@ -6,6 +6,9 @@ group)."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +20,10 @@ from ray_slurm_provider.agent.worker import WorkerAgent
 from ray_slurm_provider.cluster import parse_cluster
 from ray_slurm_provider.jobs import build_job
 from ray_slurm_provider.nodespec import GROUP_LABEL, INDEX_LABEL, NodeSpec, node_id
+from ray_slurm_provider.provider.gangs import Gangs
 from ray_slurm_provider.slurm.script import render
-from ray_slurm_provider.state import HeadInfo
+from ray_slurm_provider.state import ClusterDir, HeadInfo
+from tests.fakes import FakeSlurm
 from tests.unit.test_agent import FakeChild
 
 ENV = {"SLURM_JOB_ID": "9", "SLURM_NODEID": "1", "SLURM_CPUS_ON_NODE": "2"}
@@ -61,8 +66,9 @@ def test_member_ids_come_from_slurms_node_index() -> None:
     assert node_id({**ENV, "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3"}, 2) == "7_3.1"
 
 
-def member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-           children: list[FakeChild]) -> tuple[WorkerAgent, list[dict[str, str]]]:
+def member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[Any],
+           watch: bool = False) -> tuple[WorkerAgent, list[dict[str, str]]]:
+    """Member 1 of gang job 9 on a fake Ray; with `watch`, its real head watch runs."""
     spec = NodeSpec(kind="worker", node_type="g", cluster_name="c1", state_dir=str(tmp_path),
                     ports_base=25000, attempts=1, temp_dir_root=str(tmp_path / "tmp"),
                     group_size=2, labels={"zone": "a"})
@@ -76,8 +82,63 @@ def member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(proc, "start", start)
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
-    monkeypatch.setattr(WorkerAgent, "watch_head", lambda self: None)
+    if not watch:
+        monkeypatch.setattr(WorkerAgent, "watch_head", lambda self: None)
     return a, envs
+
+
+class BlockingRay:
+    """`ray start --block`: says it started, calls `on_up` (the autoscaler lets the member
+    go), then runs until it gets a signal (at most `limit_s`) and exits 1 as Ray does."""
+
+    def __init__(self, on_up: Callable[[], None], limit_s: float = 5.0) -> None:
+        self.on_up = on_up
+        self.limit_s = limit_s
+        self.signals: list[int] = []
+        self.stopped = threading.Event()
+        self.stdout = self.lines()
+
+    def lines(self) -> Iterator[str]:
+        yield "Ray runtime started.\n"
+        self.on_up()
+        self.stopped.wait(self.limit_s)
+        self.stopped.set()  # no signal came: it exits on its own
+
+    def wait(self) -> int:
+        self.stopped.wait(self.limit_s)
+        return 1
+
+    def poll(self) -> int | None:
+        return 1 if self.stopped.is_set() else None
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        self.stopped.set()
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def test_a_released_member_stops_ray_through_its_head_watch_and_exits_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The real path: the provider's release marker (Gangs.release), the agent's own head
+    watch (a 1 ms period, the GCS probe faked open) sends Ray TERM, and the task ends with 0
+    so `srun --kill-on-bad-exit` leaves the other members be."""
+    gangs = Gangs(ClusterDir(str(tmp_path), "c1"), slurm=FakeSlurm)
+    ray = BlockingRay(on_up=lambda: gangs.release("9.1"))
+    a, envs = member(tmp_path, monkeypatch, [ray], watch=True)
+    a.watch_period_s = 0.001
+    a.watch_connect = lambda ip, port: "open"
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert a.main() == 0
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert ray.signals == [signal.SIGTERM] and len(envs) == 1
+    assert "the autoscaler released this gang member; ending this worker" in (
+        capsys.readouterr().out)
 
 
 def test_a_member_is_its_own_ray_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -63,6 +63,20 @@ def test_members_are_pending_until_the_whole_job_runs_and_each_has_its_own_addre
     assert (p.internal_ip("1000.0"), p.internal_ip("1000.1")) == ("127.0.0.3", "127.0.0.4")
 
 
+def test_a_members_address_is_the_one_its_own_ray_bound(tmp_path: Path) -> None:
+    """Issue 26.7: each member's agent writes its own ray.json (nodes/<job>.<k>/); from then on
+    that is the member's address, the other member keeps its host's until its Ray is up."""
+    from ray_slurm_provider.state import RayUp
+
+    p, f = make(tmp_path, fake())
+    p.create_node(GANG, TAGS, 2)
+    f.start("1000", "n[2-3]")
+    p.cluster_dir.node("1000.1").write_ray_up(RayUp(ip="10.1.2.4", job_id="1000"))
+    p.non_terminated_nodes({})
+    assert (p.internal_ip("1000.0"), p.internal_ip("1000.1")) == ("127.0.0.3", "10.1.2.4")
+    assert p.external_ip("1000.1") == "10.1.2.4"
+
+
 def test_a_released_member_leaves_and_the_job_ends_with_its_last_member(
         tmp_path: Path) -> None:
     p, f = make(tmp_path, fake())

@@ -46,8 +46,8 @@ class Dir:
 
 
 def run(prev: dict[str, Node], jobs: list[Job], files: Dir | None = None, *,
-        listing: int = 1, now: float = 0.0) -> Tick:
-    return advance(prev, jobs, listing=listing, now=now, reuse=True, files=files or Dir(),
+        listing: int = 1, now: float = 0.0, reuse: bool = True) -> Tick:
+    return advance(prev, jobs, listing=listing, now=now, reuse=reuse, files=files or Dir(),
                    rules=Rules(submit_tag="nonce", watch_workers=True, gone_ttl_s=TTL),
                    stray=lambda nonce: False)
 
@@ -87,6 +87,9 @@ ROWS = [
     Row("LISTED, the running worker's agent wrote ray.json -> RAY_UP",
         {"7": Node(job("7"), {KIND: "worker", "ray-node-status": "setting-up"})},
         [job("7")], Phase.RAY_UP, files=Dir(up={"7"})),
+    Row("LISTED, the running head's agent wrote ray.json -> RAY_UP",
+        {"7": Node(job("7", kind="head"), {KIND: "head"})}, [job("7", kind="head")],
+        Phase.RAY_UP, files=Dir(up={"7"})),
     Row("no record, a listed job of ours -> LISTED", {}, [job("7", "PENDING")], Phase.LISTED),
     Row("LISTED, left the active list, Ray not up -> gone, crashed",
         {"7": Node(job("7"), {KIND: "worker"})}, [job("7", "COMPLETING")], None,
@@ -140,6 +143,31 @@ def test_only_a_settled_listing_is_quiet() -> None:
     assert not run({"7": setting_up}, [job("7")]).quiet
     ghost = run({"7": Node(stub("7"), {KIND: "worker"}, Phase.CREATED)}, [])
     assert ghost.ghosts and not ghost.quiet
+
+
+def test_a_heads_ray_is_looked_for_too_and_its_address_kept() -> None:
+    """Issue 26.7: a head's ray.json moves it to RAY_UP as a worker's does (the provider then
+    reads the address its Ray bound, once: test_provider.py); until then every listing looks
+    again (no tick is quiet). A RAY_UP record rebuilt (a tags file changed) keeps the address
+    read."""
+    starting = run({}, [job("8", kind="head")])
+    assert starting.nodes["8"].phase is Phase.LISTED and not starting.quiet
+    up = run(starting.nodes, [job("8", kind="head")], Dir(up={"8"}), listing=2)
+    assert up.nodes["8"].phase is Phase.RAY_UP and up.quiet
+    up.nodes["8"].ip = "10.1.2.1"  # as the provider's internal_ip reads it
+    again = run(up.nodes, [job("8", kind="head")], Dir(up={"8"}), listing=3, reuse=False)
+    assert again.nodes["8"] is not up.nodes["8"] and again.nodes["8"].ip == "10.1.2.1"
+
+
+def test_ray_up_and_came_up_follow_ray_json_whoever_starts_ray() -> None:
+    """RAY_UP and a worker's `came_up` (it clears its type's crash hold-back: a crash is a
+    worker gone before RAY_UP, told whatever the setting) follow ray.json, which the agent
+    writes either way; only the worker's status tag waits for `watch_workers`."""
+    tick = advance({}, [job("7")], listing=1, now=0.0, reuse=True, files=Dir(up={"7"}),
+                   rules=Rules(submit_tag="nonce", watch_workers=False, gone_ttl_s=TTL),
+                   stray=lambda nonce: False)
+    assert tick.nodes["7"].phase is Phase.RAY_UP and tick.events.came_up == [""]
+    assert "ray-node-status" not in tick.nodes["7"].tags
 
 
 def test_a_gang_job_that_dies_before_ray_is_one_crash() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,138 @@ def test_worker_status_reports_ray_only_once_up(tmp_path: Path) -> None:
     p.cluster_dir.node(w).write_ray_up(RayUp(ip="127.0.0.2", job_id=w))
     p.non_terminated_nodes({})
     assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "up-to-date"
+
+
+# --- issue 26 item 7: a node's address is the one its Ray bound --------------------------------
+
+def test_a_nodes_address_is_the_one_its_ray_bound(tmp_path: Path) -> None:
+    """Autoscaler v1 matches a worker to its raylet's heartbeats by internal_ip
+    (test_rayapi.py, V1): with `node_ip_interface` the agent binds that interface's address
+    and writes it to ray.json, so that is the node's address from then on; Slurm's NodeAddr
+    only until then."""
+    p, f = make(tmp_path, node_ip_interface="ib0")
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(head, "n2")
+    f.start(w, "n1")
+    p.non_terminated_nodes({})
+    assert (p.internal_ip(head), p.internal_ip(w)) == ("127.0.0.3", "127.0.0.2")  # NodeAddr
+    p.cluster_dir.node(head).write_ray_up(RayUp(ip="10.1.2.1", job_id=head))
+    p.cluster_dir.node(w).write_ray_up(RayUp(ip="10.1.2.3", job_id=w))
+    p.non_terminated_nodes({})
+    assert p.node_tags(w)[TAG_RAY_NODE_STATUS] == "up-to-date"
+    assert (p.internal_ip(w), p.external_ip(w)) == ("10.1.2.3", "10.1.2.3")
+    assert (p.internal_ip(head), p.external_ip(head)) == ("10.1.2.1", "10.1.2.1")
+    # A fresh provider (the head's autoscaler after `ray up`'s) finds the same.
+    q, _ = make(tmp_path, f, node_ip_interface="ib0")
+    q.non_terminated_nodes({})
+    assert (q.internal_ip(head), q.internal_ip(w)) == ("10.1.2.1", "10.1.2.3")
+
+
+def test_ray_json_is_read_once_per_node_when_its_ray_comes_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """internal_ip is asked per node several times a tick: it is answered from the record,
+    and ray.json is read once, by the first internal_ip call after a listing saw the node's
+    Ray up (the listing itself only looks whether ray.json is there)."""
+    p, f = make(tmp_path)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(w, "n1")
+    p.non_terminated_nodes({})
+    p.cluster_dir.node(w).write_ray_up(RayUp(ip="10.1.2.3", job_id=w))
+    reads: list[str] = []
+    ray_ip = p.cluster_dir.ray_ip
+    monkeypatch.setattr(p.cluster_dir, "ray_ip", lambda i: reads.append(i) or ray_ip(i))
+    for _ in range(3):
+        p.non_terminated_nodes({})
+        assert [p.internal_ip(w) for _ in range(5)] == ["10.1.2.3"] * 5
+    assert reads == [w]
+
+
+def test_an_unreadable_ray_json_is_read_again_until_it_says_the_address(
+        tmp_path: Path) -> None:
+    """A ray.json that cannot be read (garbled, a filesystem error) gives Slurm's NodeAddr for
+    that call only: it is read again, and the address kept once it says one."""
+    p, f = make(tmp_path)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(w, "n1")
+    ndir = p.cluster_dir.node(w)
+    ndir.path.mkdir(parents=True)
+    (ndir.path / "ray.json").write_text("{")
+    p.non_terminated_nodes({})
+    assert p.internal_ip(w) == "127.0.0.2"
+    ndir.write_ray_up(RayUp(ip="10.1.2.3", job_id=w))
+    assert p.internal_ip(w) == "10.1.2.3"
+
+
+def test_a_ray_json_not_there_is_looked_for_again(tmp_path: Path) -> None:
+    """`ray stop` on a head removes its ray.json (handoff.stop_ray) while its job, RAY_UP,
+    runs on: Slurm's NodeAddr meanwhile, the address its Ray binds once `ray up` starts it
+    again."""
+    p, f = make(tmp_path)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    f.start(head, "n2")
+    ndir = p.cluster_dir.node(head)
+    ndir.write_ray_up(RayUp(ip="10.1.2.1", job_id=head))
+    p.non_terminated_nodes({})
+    ndir.clear_ray_up()  # before any internal_ip call
+    p.non_terminated_nodes({})
+    assert p.internal_ip(head) == "127.0.0.3"
+    ndir.write_ray_up(RayUp(ip="10.1.2.1", job_id=head))
+    assert p.internal_ip(head) == "10.1.2.1"
+
+
+def test_the_address_read_is_kept_by_a_listing_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """internal_ip keeps the address on the node's record under the provider's lock, as
+    records change (nodes.py): a listing in another thread meanwhile, one that rebuilds every
+    record (a tags file changed), waits for it and keeps the address: ray.json is read
+    once."""
+    p, f = make(tmp_path)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    f.start(w, "n1")
+    p.cluster_dir.node(w).write_ray_up(RayUp(ip="10.1.2.3", job_id=w))
+    p.non_terminated_nodes({})
+    p.cluster_dir.set_tags(w, {"x": "y"})  # the next listing rebuilds every record
+    listing = threading.Thread(target=p.non_terminated_nodes, args=({},))
+    reads: list[str] = []
+    ray_ip = p.cluster_dir.ray_ip
+
+    def read(node_id: str) -> str | None:
+        reads.append(node_id)
+        if len(reads) == 1:
+            listing.start()
+            listing.join(1.0)  # it runs now unless the read holds the lock
+        return ray_ip(node_id)
+
+    monkeypatch.setattr(p.cluster_dir, "ray_ip", read)
+    assert p.internal_ip(w) == "10.1.2.3"
+    listing.join()
+    assert p.internal_ip(w) == "10.1.2.3"
+    assert reads == [w]
+
+
+def test_a_new_run_drops_what_ended_jobs_left_under_ids_slurm_gives_again(
+        tmp_path: Path) -> None:
+    """Job ids restart after a controller's state is reset, and jobs killed outright (SIGKILL,
+    a lost node) leave their node dirs, ray.json too: a new job of the same id was RAY_UP
+    before its Ray started, with the old job's address, and the old orphan marker stood. A
+    new run (a new head) removes the dirs of the jobs Slurm no longer lists."""
+    p, _ = make(tmp_path)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    (w,) = p.create_node({}, WORKER_TAGS, 1)
+    for node_id, ip in ((head, "10.1.2.1"), (w, "10.1.2.3")):
+        p.cluster_dir.node(node_id).write_ray_up(RayUp(ip=ip, job_id=node_id))
+    p.cluster_dir.node(w).mark_orphan()
+    reset = FakeSlurm()  # the controller's state reset: its ids start again
+    q, _ = make(tmp_path, reset)
+    assert list(q.create_node({}, HEAD_TAGS, 1)) == [head]
+    assert list(q.create_node({}, WORKER_TAGS, 1)) == [w]
+    reset.start(head, "n2")
+    reset.start(w, "n1")
+    q.non_terminated_nodes({})
+    assert q.node_tags(w)[TAG_RAY_NODE_STATUS] == "setting-up"
+    assert (q.internal_ip(head), q.internal_ip(w)) == ("127.0.0.3", "127.0.0.2")
+    assert not q.cluster_dir.node(w).orphaned()
 
 
 def test_completing_and_finished_jobs_are_terminated(tmp_path: Path) -> None:

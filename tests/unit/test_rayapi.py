@@ -200,9 +200,10 @@ def test_rays_updater_takes_runner_error_as_a_failed_command() -> None:
         "ssh_command_failed", 3, "cmd")
 
 
-def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Run Ray's own `ray down` loop (workers only: no `ray stop` on a head) on two workers;
-    what it slept."""
+def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+             provider: NodeProvider | None = None) -> list[float]:
+    """Run Ray's own `ray down` loop (workers only: no `ray stop` on a head) on two of
+    FakeProvider's workers, or on the workers of `provider`; what it slept."""
     from ray.autoscaler._private import commands
 
     naps: list[float] = []
@@ -210,8 +211,12 @@ def ray_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
         **{**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")},
            "sleep": naps.append})
     monkeypatch.setattr(commands, "time", fake_time)
-    FakeProvider.nodes.update({"1": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER},
-                               "2": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER}})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # Ray's config cache
+    if provider is None:
+        FakeProvider.nodes.update({"1": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER},
+                                   "2": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER}})
+    else:
+        monkeypatch.setattr(commands, "_get_node_provider", lambda cfg, name: provider)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config()))
     commands.teardown_cluster(str(path), yes=True, workers_only=True,
@@ -334,3 +339,96 @@ def test_autoscaler_event_goes_into_the_monitors_event_stream(tmp_path: Path) ->
     event = event_logger.parse_event(line)
     assert event is not None and event.message == "type w is held back"
     assert event.severity == Event.Severity.WARNING
+
+
+# --- autoscaler v1 keeps a worker alive by its IP (issue 26 item 7) ----------------------------
+
+class V1:
+    """Ray's own autoscaler v1 (StandardAutoscaler) over the provider `section` names, on the
+    test's clock. `tick(t, beats)` puts a heartbeat from each raylet address in `beats` into
+    its load metrics, as its monitor does (keyed by the address the raylet bound: `ray start
+    --node-ip-address`), then runs one update at second `t`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, section: dict[str, Any],
+                 **extra: Any) -> None:
+        from ray.autoscaler._private import autoscaler, load_metrics, providers
+        from ray.autoscaler._private.autoscaler import StandardAutoscaler
+
+        self.now = 0.0
+        clock = types.SimpleNamespace(
+            **{**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")},
+               "time": lambda: self.now})
+        monkeypatch.setattr(autoscaler, "time", clock)
+        monkeypatch.setattr(load_metrics, "time", clock)
+        monkeypatch.setattr(providers, "_provider_instances", {})
+        # As bootstrap_config leaves it (workers start themselves); no launch hash to match,
+        # and launches in this thread.
+        provider = {**section, "disable_node_updaters": True,
+                    "disable_launch_config_check": True, "foreground_node_launch": True}
+        cfg = config(provider=provider, **extra)
+        self.metrics = load_metrics.LoadMetrics()
+        gcs = types.SimpleNamespace(drain_nodes=lambda *a, **kw: [])
+        self.autoscaler = StandardAutoscaler(lambda: cfg, self.metrics, gcs,
+                                             update_interval_s=0)
+
+    @property
+    def provider(self) -> Any:
+        return self.autoscaler.provider
+
+    def tick(self, at: float, beats: list[str]) -> None:
+        self.now = at
+        for ip in beats:
+            self.metrics.update(ip, bytes(28), {"CPU": 1.0}, {"CPU": 1.0}, 0.0)
+        self.autoscaler.update()
+        assert self.autoscaler.num_failures == 0, "the update raised (logged above)"
+
+    def kept(self, beats: list[str], seconds: int = 60) -> list[float]:
+        """Tick every 5 s for `seconds`, heartbeats from `beats` each time; for each node
+        listed at the start, the last tick (s) whose listing still had it."""
+        ids = list(self.provider.non_terminated_nodes({}))
+        last = dict.fromkeys(ids, -1.0)
+        for t in range(0, seconds + 1, 5):
+            self.tick(float(t), beats)
+            for node_id in self.provider.non_terminated_nodes({}):
+                last[node_id] = float(t)
+        return [last[i] for i in ids]
+
+
+class AddressedProvider(FakeProvider):
+    """The fake with an address per node."""
+
+    ips: dict[str, str] = {}
+
+    def internal_ip(self, node_id: str) -> str:
+        return self.ips[node_id]
+
+    def external_ip(self, node_id: str) -> str:
+        return self.ips[node_id]
+
+
+@pytest.mark.parametrize(("address", "kept"), [("10.1.2.3", 60.0), ("127.0.0.2", 25.0)])
+def test_v1_keeps_a_worker_while_its_internal_ip_is_the_one_its_heartbeats_carry(
+        monkeypatch: pytest.MonkeyPatch, address: str, kept: float) -> None:
+    """Ray's v1 over a fake provider whose internal_ip is set per node: it matches a worker
+    to its raylet's heartbeats by `provider.internal_ip(node)` alone. Up-to-date, it is
+    marked active once under that address; if its raylet (bound to 10.1.2.3) reports under
+    another, the worker is terminated as "lost contact with raylet" once
+    AUTOSCALER_HEARTBEAT_TIMEOUT_S (30 s) have passed. Why SlurmNodeProvider.internal_ip
+    answers the address the node's Ray bound: test_provider.py, and v1 over the real
+    provider in tests/integration/test_node_address.py."""
+    from ray.autoscaler._private.constants import AUTOSCALER_HEARTBEAT_TIMEOUT_S
+    from ray.autoscaler.tags import (
+        NODE_KIND_HEAD,
+        STATUS_UP_TO_DATE,
+        TAG_RAY_NODE_STATUS,
+        TAG_RAY_USER_NODE_TYPE,
+    )
+
+    assert AUTOSCALER_HEARTBEAT_TIMEOUT_S == 30
+    up = {TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+    FakeProvider.nodes.update({
+        "h": {TAG_RAY_NODE_KIND: NODE_KIND_HEAD, TAG_RAY_USER_NODE_TYPE: "head", **up},
+        "w": {TAG_RAY_NODE_KIND: NODE_KIND_WORKER, TAG_RAY_USER_NODE_TYPE: "w", **up}})
+    monkeypatch.setattr(AddressedProvider, "ips", {"h": "10.1.2.1", "w": address})
+    v1 = V1(monkeypatch, {"type": "external", "module": f"{__name__}.AddressedProvider"})
+    assert v1.kept(["10.1.2.1", "10.1.2.3"]) == [60.0, kept]

@@ -9,7 +9,7 @@ import pytest
 
 from ray_slurm_provider.cli.main import main
 from ray_slurm_provider.provider import runs
-from ray_slurm_provider.state import HeadInfo
+from ray_slurm_provider.state import HeadInfo, RayUp
 from tests.fakes import FakeSlurm
 from tests.unit.test_cmds import cluster
 
@@ -42,6 +42,18 @@ def test_a_running_jobs_log_never_moves_when_a_new_run_starts(
     assert old.read_text() == "run one's head\n"
     assert main(["logs", str(tmp_path / "c.yaml"), still]) == 0
     assert capsys.readouterr().out == "still running\n"
+
+
+def test_a_new_run_removes_the_node_dirs_of_the_jobs_slurm_no_longer_lists(
+        tmp_path: Path) -> None:
+    """Ids repeat: a new job must not find an ended job's hand-off files (ray.json, markers,
+    a start request: test_provider.py). A listed job's dirs stay, a gang's members' too."""
+    c = cluster(tmp_path, FakeSlurm())
+    c.cdir.create()
+    for node_id in ("7", "8", "9.0", "9.1", "10_2", "11.0"):
+        c.cdir.node(node_id).write_ray_up(RayUp(ip="10.1.2.3", job_id=node_id))
+    assert runs.new_run(c.cdir, ["8", "9", "10_2"]) is None  # no log to move aside
+    assert c.cdir.known_nodes() == ["10_2", "8", "9.0", "9.1"]
 
 
 def test_logs_finds_a_job_in_an_earlier_run_the_newest_log_of_its_id_first(

@@ -206,9 +206,9 @@ def test_advance_keeps_ours_drops_cancelled_inactive_and_foreign_and_finds_stray
 
 
 def test_advance_reuses_an_unchanged_record_with_the_fresh_job() -> None:
-    from ray_slurm_provider.provider.nodes import Node
+    from ray_slurm_provider.provider.nodes import Node, Phase
 
-    old = Node(_job("1"), {"kept": "yes"})
+    old = Node(_job("1"), {"kept": "yes"}, Phase.RAY_UP)  # running: once its Ray is up
     fresh = replace(_job("1"), time_left_s=5)
     files = Dir(tags={"1": {"rebuilt": "yes"}})
     tick = _advance({"1": old}, [fresh], files)

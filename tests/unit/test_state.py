@@ -74,6 +74,29 @@ def test_missing_files_read_as_none_and_markers(tmp_path: Path) -> None:
     assert not n.ray_stop_requested() and not n.ray_up() and not cdir(tmp_path).ray_up("7")
 
 
+def test_the_address_a_nodes_ray_bound_reads_from_its_ray_json(tmp_path: Path) -> None:
+    """Issue 26.7: ClusterDir.ray_ip (the provider's per-tick read, and status's) is
+    NodeDir.read_ray_up's address: None before ray.json, "" where it does not say."""
+    c = cdir(tmp_path)
+    assert c.ray_ip("7") is None
+    c.node("7").write_ray_up(RayUp(ip="10.1.2.3", job_id="7"))
+    assert c.ray_ip("7") == "10.1.2.3" == c.node("7").read_ray_up().ip  # type: ignore[union-attr]
+    (c.node("7").path / "ray.json").write_text('{"job_id": "7"}')  # no address: malformed
+    assert c.ray_ip("7") == ""
+    c.node("7").clear_ray_up()
+    assert c.ray_ip("7") is None
+
+
+@pytest.mark.parametrize("text", ["{", "[]", "null", '"10.1.2.3"', '{"ip": 7, "job_id": "7"}'])
+def test_a_ray_json_that_says_no_address_is_up_without_one(tmp_path: Path, text: str) -> None:
+    """ray.json is there (the listing's ray_up), so the node's Ray is up; whatever it holds
+    that is no address reads as "" (Slurm's NodeAddr then), never as not up (None)."""
+    c = cdir(tmp_path)
+    c.node("7").path.mkdir(parents=True)
+    (c.node("7").path / "ray.json").write_text(text)
+    assert c.ray_up("7") and c.ray_ip("7") == ""
+
+
 MARKERS = [("request_ray_stop", "ray_stop_requested", "ray-stop"),
            ("release", "released", "released"),
            ("mark_orphan", "orphaned", "orphan")]

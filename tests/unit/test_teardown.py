@@ -145,19 +145,22 @@ def test_ray_down_ends_with_no_head_and_no_node_state(tmp_path: Path) -> None:
     assert p.cluster_dir.read_head() is None and p.cluster_dir.known_nodes() == []
 
 
-def test_ray_downs_listing_shortens_rays_five_second_sleep(tmp_path: Path) -> None:
-    """That Ray's loop sleeps what is shortened here: tests/unit/test_rayapi.py."""
+def test_ray_downs_loop_sleeps_the_short_poll_on_this_provider(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's own `ray down` loop, run on this provider: after its terminate call it sleeps
+    teardown.SHORT_POLL_S, not Ray's 5 s, and then finds the cancelled workers gone."""
     from ray.autoscaler._private import commands
 
     from ray_slurm_provider.provider import teardown
+    from tests.unit.test_rayapi import ray_down
 
-    p, _ = make(tmp_path)
-    saved = commands.POLL_INTERVAL
-    try:
-        assert p.nodes_for_teardown({}) == []
-        assert commands.POLL_INTERVAL == teardown.SHORT_POLL_S
-    finally:
-        commands.POLL_INTERVAL = saved
+    monkeypatch.setattr(commands, "POLL_INTERVAL", commands.POLL_INTERVAL)  # restored after
+    p, f = make(tmp_path)
+    workers = p.create_node({}, WORKER_TAGS, 2)
+    for i, job in enumerate(workers):
+        f.start(job, f"n{i + 1}")
+    assert ray_down(tmp_path, monkeypatch, p) == [teardown.SHORT_POLL_S]
+    assert f.cancelled == [sorted(workers)]
 
 
 class Child:
