@@ -18,6 +18,7 @@ import pytest
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.agent.worker import WorkerAgent
+from ray_slurm_provider.provider import ends
 from ray_slurm_provider.provider.guard import LaunchGuard
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.provider.submit import Strays
@@ -323,3 +324,42 @@ def test_newer_slurmrestd_ends_read_as_sacct_says_them(directory: Path) -> None:
     assert {i: e.why if e else None for i, e in whys.items()} == {
         "3": "CANCELLED (signal 15)", "6": "FAILED (signal 1)", "7_2": "CANCELLED (signal 15)",
         "11": None}  # 11 is RUNNING
+
+
+# --- review: errors, non-final ends, requeues -------------------------------------------------
+
+class Raising(Ends):
+    """Ends whose `ended_job` raises the queued exception of a job first, one per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raises: dict[str, list[BaseException]] = {}
+        self.asked: list[str] = []
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        self.asked.append(job_id)
+        queued = self.raises.get(job_id)
+        if queued:
+            raise queued.pop(0)
+        return super().ended_job(job_id)
+
+
+@pytest.mark.xfail(strict=True, reason="review item 2: an unexpected error loses due jobs")
+def test_an_unexpected_error_keeps_the_job_waiting_and_the_tick_going(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A ValueError about one job neither fails the listing nor loses the other jobs due; the
+    job is asked again RETRY_S later."""
+    f = Raising()
+    p = make(tmp_path, f)
+    a, b = setting_up(p, f, 2, "[ray-slurm 10:00:01] running: pip install torch\n")
+    f.raises[a] = [ValueError("bad sacct line")]
+    f.finish(a, "FAILED")
+    f.finish(b, "FAILED")
+    tick(p, f)  # must not raise
+    err = p.guard.error("cpu_worker")
+    assert err is not None and err.failures == 1 and f"Slurm job {b} " in err.message
+    assert "bad sacct line" in caplog.text
+    tick(p, f, ends.RETRY_S)
+    err = p.guard.error("cpu_worker")
+    assert err is not None and err.failures == 2
+    assert f.asked.count(a) == 2
