@@ -110,7 +110,12 @@ class EarlyEnds:
         later = []
         for early in due:
             early.asked = now
-            verdict = _judge(early, slurm, early.job_id in listed, now)
+            try:
+                verdict = _judge(early, slurm, early.job_id in listed, now)
+            except Exception as e:  # one job's surprise must not lose the others nor the tick
+                logger.exception("Cannot judge how Slurm job %s ended", early.job_id)
+                late = now - early.since >= SETTLE_S
+                verdict = _by_log(early, f"cannot judge its end: {e}") if late else None
             if verdict is None:
                 later.append(early)
             elif verdict:

@@ -344,7 +344,6 @@ class Raising(Ends):
         return super().ended_job(job_id)
 
 
-@pytest.mark.xfail(strict=True, reason="review item 2: an unexpected error loses due jobs")
 def test_an_unexpected_error_keeps_the_job_waiting_and_the_tick_going(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A ValueError about one job neither fails the listing nor loses the other jobs due; the
@@ -363,3 +362,18 @@ def test_an_unexpected_error_keeps_the_job_waiting_and_the_tick_going(
     err = p.guard.error("cpu_worker")
     assert err is not None and err.failures == 2
     assert f.asked.count(a) == 2
+
+
+def test_an_error_that_persists_ends_in_the_log_deciding(tmp_path: Path) -> None:
+    """SETTLE_S bounds the retries of a job whose every question raises."""
+    f = Raising()
+    p = make(tmp_path, f)
+    (job,) = setting_up(p, f, 1, "[ray-slurm 10:00:09] giving up: Ray never started\n")
+    f.raises[job] = [KeyError("JobId")] * 100
+    f.finish(job, "FAILED")
+    tick(p, f)
+    assert p.guard.error("cpu_worker") is None
+    tick(p, f, ends.SETTLE_S)
+    err = p.guard.error("cpu_worker")
+    assert err is not None and "giving up" in err.message
+    assert job not in p.ends._waiting
