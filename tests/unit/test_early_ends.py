@@ -23,7 +23,7 @@ from ray_slurm_provider.provider.guard import LaunchGuard
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.provider.submit import Strays
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.slurm.client import EndedJob
+from ray_slurm_provider.slurm.client import EndedJob, PermanentSlurmError
 from ray_slurm_provider.slurm.rest import parse as rest_parse
 from ray_slurm_provider.slurm.sacct import NoAccounting
 from tests.fakes import FakeSlurm
@@ -377,3 +377,19 @@ def test_an_error_that_persists_ends_in_the_log_deciding(tmp_path: Path) -> None
     err = p.guard.error("cpu_worker")
     assert err is not None and "giving up" in err.message
     assert job not in p.ends._waiting
+
+
+@pytest.mark.xfail(strict=True, reason="review item 3: any permanent error reads as unknowable")
+def test_only_missing_accounting_makes_an_end_unknowable(tmp_path: Path) -> None:
+    """Output sacct cannot read (a PermanentSlurmError, not NoAccounting) is "not yet": the job
+    is asked again and its final end decides."""
+    f = Raising()
+    p = make(tmp_path, f)
+    (job,) = setting_up(p, f, 1, "[ray-slurm 10:00:01] running: pip install torch\n")
+    f.raises[job] = [PermanentSlurmError("sacct: unexpected output", "bad line", "sacct")]
+    f.finish(job, "FAILED")
+    tick(p, f)
+    assert p.guard.error("cpu_worker") is None
+    tick(p, f, ends.RETRY_S)
+    err = p.guard.error("cpu_worker")
+    assert err is not None and "Slurm says FAILED" in err.message
