@@ -12,12 +12,13 @@ Slurm anything about it. Once it has left the listing, the back end is asked how
 (`EndReader.ended_job`: slurmctld, which keeps an ended job for MinJobAge, else sacct), at
 most once per RETRY_S until the end is final.
 
-Where the end cannot be known (no accounting and the controller has forgotten the job, a back
-end that cannot ask, or still no final end SETTLE_S after the job left), the job's own log
-decides: it counts only when the node agent's last line says the agent failed (it gave up on
-`ray start`, an ERROR ended it, or Ray exited with an error), and never when slurmstepd wrote
-that Slurm cancelled the job (a preemption, a cancel, the time limit). A setup line that fails
-before the agent runs leaves no line of the agent, so such a job then does not count.
+Any error of Slurm's other than missing accounting means "not yet". Where the end cannot be
+known (no accounting and the controller has forgotten the job, a back end that cannot ask, or
+still no final end SETTLE_S after the job left), the job's own log decides: it counts only when
+the node agent's last line says the agent failed (it gave up on `ray start`, an ERROR ended it,
+or Ray exited with an error), and never when slurmstepd wrote that Slurm cancelled the job (a
+preemption, a cancel, the time limit). A setup line that fails before the agent runs leaves no
+line of the agent, so such a job then does not count.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from ray_slurm_provider.provider.guard import last_log_line, log_tail
 from ray_slurm_provider.slurm.client import (
     EndedJob,
     EndReader,
-    PermanentSlurmError,
     SlurmClient,
     SlurmError,
 )
+from ray_slurm_provider.slurm.sacct import NoAccounting
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def _judge(early: Early, slurm: SlurmClient, listed: bool, now: float) -> str | 
         return _by_log(early, "this Slurm back end cannot ask how a job ended")
     try:
         end = slurm.ended_job(early.job_id)
-    except PermanentSlurmError as e:  # no accounting, and slurmctld forgot the job
+    except NoAccounting as e:  # no accounting, and slurmctld forgot the job
         return _by_log(early, f"Slurm cannot say how it ended: {e.slurm_message or e}")
     except SlurmError as e:
         logger.debug("Cannot ask how Slurm job %s ended yet: %s", early.job_id, e)

@@ -379,7 +379,6 @@ def test_an_error_that_persists_ends_in_the_log_deciding(tmp_path: Path) -> None
     assert job not in p.ends._waiting
 
 
-@pytest.mark.xfail(strict=True, reason="review item 3: any permanent error reads as unknowable")
 def test_only_missing_accounting_makes_an_end_unknowable(tmp_path: Path) -> None:
     """Output sacct cannot read (a PermanentSlurmError, not NoAccounting) is "not yet": the job
     is asked again and its final end decides."""
