@@ -25,7 +25,7 @@ from ray_slurm_provider.provider.submit import Strays
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import EndedJob, PermanentSlurmError
 from ray_slurm_provider.slurm.rest import parse as rest_parse
-from ray_slurm_provider.slurm.sacct import NoAccounting
+from ray_slurm_provider.slurm.sacct import NoAccounting, controller_end
 from tests.fakes import FakeSlurm
 from tests.rest_fakes import V38, FakeRest, client, recorded
 from tests.unit.test_agent import FakeChild, agent
@@ -392,3 +392,17 @@ def test_only_missing_accounting_makes_an_end_unknowable(tmp_path: Path) -> None
     tick(p, f, ends.RETRY_S)
     err = p.guard.error("cpu_worker")
     assert err is not None and "Slurm says FAILED" in err.message
+
+
+@pytest.mark.xfail(strict=True, reason="review item 5: non-final states read as final")
+@pytest.mark.parametrize("state", ["STAGE_OUT", "REVOKED", "UNKNOWN_NEW_STATE"])
+def test_only_slurms_final_states_are_an_end(state: str) -> None:
+    """A state outside Slurm's final ones (a burst buffer's STAGE_OUT, a federation's REVOKED,
+    a name this code does not know) is no end yet, in both back ends' readers."""
+    line = (f"JobId=7 JobName=w JobState={state} Reason=None ExitCode=0:0 "
+            "EndTime=2026-12-02T00:27:30 NodeList=n3\n")
+    assert controller_end(line) is None
+    record = {"job_id": 7, "name": "w", "job_state": ["FAILED", state], "exit_code": 0}
+    assert rest_parse.ended([record], "7", 0.0) is None
+    record["job_state"] = [state]
+    assert rest_parse.ended([record], "7", 0.0) is None
