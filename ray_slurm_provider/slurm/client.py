@@ -17,6 +17,13 @@ from typing import Protocol, runtime_checkable
 
 from ray_slurm_provider.slurm.spec import JobSpec
 
+#: Slurm's final job states: a job in one of these has ended for good. Any other state
+#: (COMPLETING, STAGE_OUT, REVOKED, a name added later) is no end yet.
+FINAL_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "TIMEOUT",
+})
+
 #: Job states in which a Ray node still exists or will exist. COMPLETING and every final
 #: state count as terminated: a job in CG is already tearing its node down. Held, stopped and
 #: special-exit jobs are nodes too: they hold or will regain an allocation, and `ray down`

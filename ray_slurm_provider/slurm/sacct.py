@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.slurm.client import (
-    ACTIVE_STATES,
+    FINAL_STATES,
     KEEP_VARS,
     SCRUB_PREFIXES,
     EndedJob,
@@ -32,8 +32,12 @@ T = TypeVar("T")
 DELIM = "\x1f"
 #: sacct -o fields, in order (Reason is last: free text).
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "End", "NodeList", "Reason")
-#: The final states sacct can report (its -s names): everything that means "left the queue".
-ENDED_STATES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"
+#: sacct's -s names of FINAL_STATES.
+_SHORT = {"BOOT_FAIL": "BF", "CANCELLED": "CA", "COMPLETED": "CD", "DEADLINE": "DL",
+          "FAILED": "F", "NODE_FAIL": "NF", "OUT_OF_MEMORY": "OOM", "PREEMPTED": "PR",
+          "TIMEOUT": "TO"}
+#: The final states, as sacct's --state takes them.
+ENDED_STATES = ",".join(sorted(_SHORT[s] for s in FINAL_STATES))
 #: Slurm's words when there is no accounting to ask, or it cannot be reached.
 _NO_ACCOUNTING = re.compile(
     r"accounting storage is disabled|not running a supported accounting_storage plugin|"
@@ -75,11 +79,11 @@ def parse_sacct(stdout: str) -> list[EndedJob]:
 
 
 def controller_end(scontrol_out: str) -> EndedJob | None:
-    """How a job ended, from `scontrol show job -o ID`; None while it is still active (or
-    COMPLETING: its end is not final yet)."""
+    """How a job ended, from `scontrol show job -o ID`; None while its state is not one of
+    FINAL_STATES (active, COMPLETING, STAGE_OUT: its end is not final yet)."""
     for rec in parse_scontrol_records(scontrol_out, "JobId"):
         state = rec.get("JobState", "").split()[0] if rec.get("JobState") else ""
-        if not state or state in ACTIVE_STATES or state == "COMPLETING":
+        if state not in FINAL_STATES:
             return None
         array = rec.get("ArrayJobId")
         job_id = f"{array}_{rec['ArrayTaskId']}" if array and rec.get("ArrayTaskId") \

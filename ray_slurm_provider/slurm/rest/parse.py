@@ -22,7 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray_slurm_provider.slurm import parse
-from ray_slurm_provider.slurm.client import ACTIVE_STATES, EndedJob, Job, Node, Partition
+from ray_slurm_provider.slurm.client import (
+    FINAL_STATES,
+    EndedJob,
+    Job,
+    Node,
+    Partition,
+)
 
 #: When a job's state is a list of flags, the first of these present names it, as squeue's
 #: %T does (Slurm's job_state_string checks the flags in this order before the base state).
@@ -120,13 +126,13 @@ def exit_code(value: Any) -> str:
 
 
 def ended(records: Sequence[Mapping[str, Any]], job_id: str, now: float) -> EndedJob | None:
-    """How job `job_id` (123 or 123_4) ended, from GET job/<id>'s records; None while it is
-    active or COMPLETING (its end is not final yet)."""
+    """How job `job_id` (123 or 123_4) ended, from GET job/<id>'s records; None while its
+    state is not one of FINAL_STATES (its end is not final yet)."""
     for d in records:
         found = job(d, now)
         if found.job_id != job_id:
             continue
-        if found.state in ACTIVE_STATES or found.state == "COMPLETING":
+        if found.state not in FINAL_STATES:
             return None
         return EndedJob(job_id=job_id, state=found.state, exit_code=exit_code(d.get("exit_code")),
                         end=stamp(number(d.get("end_time"))), node=found.nodes,
