@@ -406,3 +406,23 @@ def test_only_slurms_final_states_are_an_end(state: str) -> None:
     if state != "UNKNOWN_NEW_STATE":  # a flag Slurm names the job by, over its base state
         record["job_state"] = ["FAILED", state]
         assert rest_parse.ended([record], "7", 0.0) is None
+
+
+@pytest.mark.xfail(strict=True, reason="review item 6: a requeued job is still judged")
+def test_a_requeued_job_is_no_longer_waiting(tmp_path: Path) -> None:
+    """COMPLETING, then PENDING and RUNNING again (Slurm requeued it): it did not end, so it
+    is not judged, even SETTLE_S later."""
+    f = Raising()
+    p = make(tmp_path, f)
+    (job,) = setting_up(p, f, 1, "[ray-slurm 10:00:09] giving up: Ray never started\n")
+    f.set_state(job, "COMPLETING")
+    tick(p, f)
+    assert job in p.ends._waiting
+    f.set_state(job, "PENDING")
+    tick(p, f)
+    assert job not in p.ends._waiting
+    f.set_state(job, "RUNNING")
+    tick(p, f, ends.SETTLE_S)
+    tick(p, f, ends.SETTLE_S)
+    assert p.guard.error("cpu_worker") is None
+    assert f.asked == []
