@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from ray_slurm_provider.provider.guard import last_log_line, log_tail
 from ray_slurm_provider.slurm.client import (
     EndedJob,
     EndReader,
+    Job,
     SlurmClient,
     SlurmError,
 )
@@ -97,13 +98,18 @@ class EarlyEnds:
         with self._lock:
             self._waiting[job_id] = Early(job_id, node_type, last_state, log, now)
 
-    def settle(self, slurm: SlurmClient, listed: Container[str],
+    def settle(self, slurm: SlurmClient, jobs: Iterable[Job], listed: Container[str],
                now: float) -> list[tuple[str, str]]:
         """Judge each waiting job whose end is final, or whose wait is over; (node type, why)
-        of each that counts against its type. `listed`: the job ids the listing showed."""
+        of each that counts against its type. `jobs`: the listing; `listed`: their ids."""
         if not self._waiting:  # the steady case; a job added meanwhile waits for the next
             return []
         with self._lock:  # taken out while judged: two ticks at once never judge one job twice
+            for job in jobs:
+                if job.active and job.job_id in self._waiting:
+                    # Requeued (COMPLETING, then PENDING again): it did not end.
+                    del self._waiting[job.job_id]
+                    logger.debug("Slurm job %s is %s again; not judged", job.job_id, job.state)
             due = [e for e in self._waiting.values() if _due(e, listed, now)]
             for early in due:
                 del self._waiting[early.job_id]

@@ -179,7 +179,7 @@ class SlurmNodeProvider(NodeProvider):
         else:
             self._act(tick.events, now)
         # Jobs that died before Ray, judged once their end is final (no Slurm call without).
-        for node_type, why in self.ends.settle(self.slurm, tick.listed, now):
+        for node_type, why in self.ends.settle(self.slurm, tick.jobs, tick.listed, now):
             self.guard.failed(node_type, why, "crashed")
         return ids
 

@@ -408,7 +408,6 @@ def test_only_slurms_final_states_are_an_end(state: str) -> None:
         assert rest_parse.ended([record], "7", 0.0) is None
 
 
-@pytest.mark.xfail(strict=True, reason="review item 6: a requeued job is still judged")
 def test_a_requeued_job_is_no_longer_waiting(tmp_path: Path) -> None:
     """COMPLETING, then PENDING and RUNNING again (Slurm requeued it): it did not end, so it
     is not judged, even SETTLE_S later."""
