@@ -168,3 +168,25 @@ def test_a_job_starts_with_the_scrubbed_environment_never_the_autoscalers_own(
     assert env["MY_VAR"] == "kept" and env["SLURM_CONF"] == "/etc/slurm/slurm.conf"
     assert not [k for k in env if k.startswith(("RAY_", "SBATCH_", "SLURM_CPUS", "BASH_FUNC"))]
     assert pyslurm_fake.pyenviron is os.environ  # put back
+
+
+@pytest.mark.xfail(strict=True, reason="review item 1a: pyslurm cannot say how a job ended")
+def test_pyslurm_says_how_a_job_ended_as_the_cli_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 item 8 on pyslurm: slurmctld's record (scontrol, as the CLI back end reads
+    it), else accounting; so a setup that failed before the agent still counts."""
+    from ray_slurm_provider import proc
+    from ray_slurm_provider.slurm.client import EndReader
+    from ray_slurm_provider.slurm.sacct import NoAccounting
+    from tests.unit.test_slurm_cli import FakeRun
+
+    run = FakeRun()
+    run.set("scontrol show job", "scontrol_show_job_failed",
+            ("", "slurm_load_jobs error: Invalid job id specified\n", 1))
+    run.set("sacct", "sacct_disabled")
+    monkeypatch.setattr(proc, "run", run)
+    client = PyslurmSlurmClient(module=make_module("25.11.2"))
+    assert isinstance(client, EndReader)
+    end = client.ended_job("7")
+    assert end is not None and end.state == "FAILED"
+    with pytest.raises(NoAccounting):
+        client.ended_job("8")
