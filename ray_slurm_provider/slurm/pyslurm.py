@@ -37,9 +37,11 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import (
     LIST_STATES,
     ClusterInfo,
+    EndedJob,
     Job,
     Node,
     PermanentSlurmError,
@@ -127,6 +129,11 @@ class PyslurmSlurmClient:
         self._checked = True
 
     # --- SlurmClient ----------------------------------------------------------------------
+
+    def ended_job(self, job_id: str) -> EndedJob | None:
+        """How `job_id` ended, as the CLI back end reads it (scontrol, else sacct): pyslurm's
+        job record has no final end for a job slurmctld no longer lists."""
+        return CliSlurmClient().ended_job(job_id)
 
     def submit(self, spec: JobSpec, *, comment: str = "") -> str:
         kw = description(spec, comment)

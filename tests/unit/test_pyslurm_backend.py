@@ -170,7 +170,6 @@ def test_a_job_starts_with_the_scrubbed_environment_never_the_autoscalers_own(
     assert pyslurm_fake.pyenviron is os.environ  # put back
 
 
-@pytest.mark.xfail(strict=True, reason="review item 1a: pyslurm cannot say how a job ended")
 def test_pyslurm_says_how_a_job_ended_as_the_cli_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26 item 8 on pyslurm: slurmctld's record (scontrol, as the CLI back end reads
     it), else accounting; so a setup that failed before the agent still counts."""
