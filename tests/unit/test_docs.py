@@ -129,14 +129,16 @@ def test_the_user_guide_says_which_early_ends_count() -> None:
     """It said the CLI back end asks `sacct` (it asks slurmctld first) and that without
     accounting an early end always counts against the type (issue 26 items 8 and 20). What
     counts is provider/ends.py's; tests/unit/test_early_ends.py pins the rest."""
-    from ray_slurm_provider.provider.ends import ITS_OWN, SETTLE_S
+    from ray_slurm_provider.provider.ends import ITS_OWN, RETRY_S, SETTLE_S
 
     guide = _docs()["docs/user-guide.md"]
     section = guide.split("## Accounting (optional)", 1)[1].split("\n## ", 1)[0]
     assert "always counts" not in section and "it asks `sacct`" not in section
     said = re.search(r"ended of its own doing: Slurm says (.*?)\.", section, re.S)
     assert said and set(re.findall(r"[A-Z_]{4,}", said.group(1))) == ITS_OWN
-    assert f"no final end {SETTLE_S / 60:.0f} minutes after it left the queue" in section
+    flat = " ".join(section.split())
+    assert f"no final end {SETTLE_S / 60:.0f} minutes after Slurm stopped listing it" in flat
+    assert f"it asks again every {RETRY_S:.0f} s" in flat
 
 
 # --- links ----------------------------------------------------------------------------------------

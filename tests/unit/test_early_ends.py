@@ -25,7 +25,7 @@ from ray_slurm_provider.provider.submit import Strays
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import EndedJob, PermanentSlurmError
 from ray_slurm_provider.slurm.rest import parse as rest_parse
-from ray_slurm_provider.slurm.sacct import NoAccounting, controller_end
+from ray_slurm_provider.slurm.sacct import NoAccounting, controller_end, parse_sacct
 from tests.fakes import FakeSlurm
 from tests.rest_fakes import V38, FakeRest, client, recorded
 from tests.unit.test_agent import FakeChild, agent
@@ -273,6 +273,17 @@ def test_the_cli_back_end_says_nothing_final_while_a_job_is_completing(
     assert end is not None and end.state == "PREEMPTED"
     assert [c.argv[0] for c in run.calls] == ["scontrol", "scontrol"]  # sacct not asked
 
+
+
+def test_a_stubborn_preempted_job_is_not_final_until_it_leaves_and_sacct_names_its_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preempted job whose setup ignores TERM stays COMPLETING for KillWait: scontrol has no
+    final end for it, while sacct already names each taken-away job's end (recorded together:
+    the stubborn one, a plain preemption, an admin's scancel, a setup that failed)."""
+    assert controller_end((FIX / "scontrol_show_job_still_completing.txt").read_text()) is None
+    ended = {e.job_id: e.state for e in parse_sacct((FIX / "sacct_taken_away.txt").read_text())}
+    assert sorted(ended.values()) == ["CANCELLED", "FAILED", "PREEMPTED", "PREEMPTED"]
+    assert [s for s in ended.values() if s in ends.ITS_OWN] == ["FAILED"]
 
 def rest_job_id(name: str) -> str:
     """The id a recorded GET job/<id> asked about (an array task's: <array>_<task>; for one
