@@ -375,15 +375,24 @@ def test_an_unexpected_error_keeps_the_job_waiting_and_the_tick_going(
     assert f.asked.count(a) == 2
 
 
-def test_an_error_that_persists_ends_in_the_log_deciding(tmp_path: Path) -> None:
-    """SETTLE_S bounds the retries of a job whose every question raises."""
+def failed_while_asking_raises(tmp_path: Path, log: str, errors: list[Exception],
+                               ) -> tuple[SlurmNodeProvider, Raising, str]:
+    """A worker setting up (its log ends with `log`) that ends FAILED, and asking how it ended
+    raises `errors` in turn: after the first tick nothing is counted yet."""
     f = Raising()
     p = make(tmp_path, f)
-    (job,) = setting_up(p, f, 1, "[ray-slurm 10:00:09] giving up: Ray never started\n")
-    f.raises[job] = [KeyError("JobId")] * 100
+    (job,) = setting_up(p, f, 1, log)
+    f.raises[job] = errors
     f.finish(job, "FAILED")
     tick(p, f)
     assert p.guard.error("cpu_worker") is None
+    return p, f, job
+
+
+def test_an_error_that_persists_ends_in_the_log_deciding(tmp_path: Path) -> None:
+    """SETTLE_S bounds the retries of a job whose every question raises."""
+    p, f, job = failed_while_asking_raises(
+        tmp_path, "[ray-slurm 10:00:09] giving up: Ray never started\n", [KeyError("JobId")] * 100)
     tick(p, f, ends.SETTLE_S)
     err = p.guard.error("cpu_worker")
     assert err is not None and "giving up" in err.message
@@ -393,13 +402,9 @@ def test_an_error_that_persists_ends_in_the_log_deciding(tmp_path: Path) -> None
 def test_only_missing_accounting_makes_an_end_unknowable(tmp_path: Path) -> None:
     """Output sacct cannot read (a PermanentSlurmError, not NoAccounting) is "not yet": the job
     is asked again and its final end decides."""
-    f = Raising()
-    p = make(tmp_path, f)
-    (job,) = setting_up(p, f, 1, "[ray-slurm 10:00:01] running: pip install torch\n")
-    f.raises[job] = [PermanentSlurmError("sacct: unexpected output", "bad line", "sacct")]
-    f.finish(job, "FAILED")
-    tick(p, f)
-    assert p.guard.error("cpu_worker") is None
+    p, f, _ = failed_while_asking_raises(
+        tmp_path, "[ray-slurm 10:00:01] running: pip install torch\n",
+        [PermanentSlurmError("sacct: unexpected output", "bad line", "sacct")])
     tick(p, f, ends.RETRY_S)
     err = p.guard.error("cpu_worker")
     assert err is not None and "Slurm says FAILED" in err.message
