@@ -73,7 +73,9 @@ class Agent:
         self.stop_reason: str | None = None  # why the job was told to stop, if not a signal
         # Set once the TERM has been acted on (the terminator thread); waits end on it.
         self._stopped = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
+        wake = os.pipe()  # a signal handler writes a byte to wake a wait (self-pipe)
+        self._wake_r = wake[0]
+        self._wake_w = wake[1]
         # Per job, or per member of a gang job (two may share a host: the sandbox's nodes do).
         self.temp_dir = temp_dir(spec.temp_dir_root, self.job_id if spec.group_size == 1 else
                                  f"{self.job_id}.{env['SLURM_NODEID']}")
