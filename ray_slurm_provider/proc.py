@@ -7,10 +7,12 @@ typed so callers can tell "the binary is missing" from "it ran and said no" from
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -292,3 +294,51 @@ def end_orphans(child: subprocess.Popen[str], eof: threading.Event,
     for pid in pids:
         kill_tree(pid)
     return pids
+
+
+#: prctl(2)'s PR_SET_CHILD_SUBREAPER.
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Make this process the one that orphans below it are reparented to (Linux's child
+    subreaper), not init: the workers of a raylet that was SIGKILLed outlive it, and
+    end_descendants must still find them. False where the kernel refuses."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # no libc prctl: not Linux
+        return False
+
+
+def end_descendants(grace_s: float = 5.0) -> list[int]:
+    """KILL every process below this one, all found before any is signalled, and reap
+    them, for up to `grace_s`; return their pids. For the end of a job, once Ray has
+    stopped: what is left would still write to the temp dir that is removed next."""
+    try:
+        tree = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            p.kill()
+    deadline = time.monotonic() + grace_s
+    left = list(tree)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if not _reaped(p)]
+        if left:
+            time.sleep(0.05)
+    return [p.pid for p in tree]
+
+
+def _reaped(p: psutil.Process) -> bool:
+    """Whether `p` has ended: reaped here when it is (by now) this process's child, else
+    gone or a zombie its own parent reaps."""
+    try:
+        pid, _ = os.waitpid(p.pid, os.WNOHANG)
+        return pid != 0
+    except ChildProcessError:  # not a child of ours: a grandchild whose parent lives
+        try:
+            return bool(p.status() == psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return True

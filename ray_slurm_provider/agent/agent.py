@@ -81,6 +81,9 @@ class Agent:
                                  f"{self.job_id}.{env['SLURM_NODEID']}")
         self.temp_ready = False  # the temp dir is this user's own: cleanup may read, remove it
         self.temp_private = False  # below the private parent `rsp-<uid>` (agent/tempdir.py)
+        # This process is the job's subreaper (__main__, proc.adopt_orphans): cleanup ends
+        # what Ray left, even the workers of a raylet that was killed.
+        self.reaps_orphans = False
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
@@ -267,6 +270,12 @@ class Agent:
         self.unmark()
         if self.container is not None:
             self.container.remove()
+        if self.reaps_orphans:
+            # Before the temp dir goes: a worker still running writes its log there, and
+            # Ray fails its task with FileNotFoundError (an error no retry covers).
+            left = proc.end_descendants()
+            if left:
+                log(f"ended {len(left)} process(es) Ray left behind: {left}")
         if self.temp_ready:  # else it may be another user's (agent/tempdir.py): left alone
             finish(self.temp_dir, self.cdir.ray_logs(self.node_id),
                    self.spec.ray_logs_max_mb << 20, log)

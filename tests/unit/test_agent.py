@@ -457,3 +457,37 @@ def test_ray_starts_orphans_are_ended_so_the_agent_never_blocks_on_their_output(
         for p in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, 9)
+
+
+# --- a raylet killed leaves its workers: they end before the temp dir goes -----------------
+def test_cleanup_ends_what_ray_left_before_removing_the_temp_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI saw a task fail with FileNotFoundError (Ray's own getsize of the worker's log):
+    its raylet had been SIGKILLed, the agent removed the temp dir, and the worker, still
+    running, reached for its log. A failure no retry covers: the driver failed."""
+    from ray_slurm_provider.agent import agent as agent_mod
+
+    a, _ = agent(tmp_path, monkeypatch, [FakeChild(["x\n"], 1)], attempts=1)
+    events: list[str] = []
+    monkeypatch.setattr(proc, "end_descendants", lambda: events.append("end") or [4242])
+    monkeypatch.setattr(agent_mod, "finish", lambda *a: events.append("remove temp dir"))
+    a.main()
+    assert events == ["remove temp dir"]  # a test's own agent is no subreaper: pytest's
+    events.clear()                         # children are not its to end
+    a, _ = agent(tmp_path, monkeypatch, [FakeChild(["x\n"], 1)], attempts=1)
+    a.reaps_orphans = True
+    a.main()
+    assert events == ["end", "remove temp dir"]
+
+
+def test_the_agent_process_adopts_the_orphans_below_it(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    from ray_slurm_provider.agent import __main__ as entry
+
+    ran: list[bool] = []
+    monkeypatch.setattr(proc, "adopt_orphans", lambda: True)
+    monkeypatch.setattr(Agent, "main", lambda self: ran.append(self.reaps_orphans) or 0)
+    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1",
+                    state_dir=str(tmp_path), ports_base=25000)
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    assert entry.main(["--spec", spec.to_json()]) == 0 and ran == [True]
