@@ -26,6 +26,10 @@ from ray_slurm_provider.sandbox.procs import exists
 # No site or personal defaults file of this machine leaks into a test (and every `ray up`
 # the tests run inherits this); the tests of defaults name their files.
 os.environ[DEFAULTS_ENV] = ""
+# Ray's autoscaler ticks every 2 s instead of 5 in the test clusters (the head job inherits
+# `ray up`'s environment): every scale-up and scale-down waits for a tick. Modules that
+# count ticks set Ray's default back on their cluster (harness.RAY_DEFAULT_TICK).
+os.environ.setdefault("AUTOSCALER_UPDATE_INTERVAL_S", "2")
 
 SANDBOX_MARKERS = ("integration", "e2e", "accounting")
 PORT_OFFSET_ENV = "RAY_SLURM_SANDBOX_PORT_OFFSET"

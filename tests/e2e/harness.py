@@ -29,6 +29,9 @@ RAY = str(VENV_BIN / "ray")
 #: Ray 2.60's v2 monitor re-reads the cluster config once per autoscaler iteration and warns
 #: about these legacy fields each time: one line per tick (a regex and a plain substring).
 TICK_MARK = "Dropping the empty legacy field head_node"
+#: Ray's own autoscaler tick (tests/conftest.py makes the test clusters' faster), for the
+#: clusters whose tests count ticks: `cluster.extra_env.update(RAY_DEFAULT_TICK)`.
+RAY_DEFAULT_TICK = {"AUTOSCALER_UPDATE_INTERVAL_S": "5"}
 _LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 
 

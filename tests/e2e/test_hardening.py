@@ -47,7 +47,7 @@ from tests.e2e.faults import (
     ticks,
     workers,
 )
-from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
+from tests.e2e.harness import RAY_DEFAULT_TICK, ROOT, RayCluster, squeue, wait_for
 from tests.e2e.outage import outage
 
 pytestmark = [pytest.mark.e2e]
@@ -114,6 +114,7 @@ def tmp_path(workdir: Path) -> Path:
 @pytest.fixture(scope="module")
 def cluster(sandbox: Sandbox, workdir: Path) -> Iterator[RayCluster]:
     c = RayCluster(workdir, "hard-e2e", config(home_node()))
+    c.extra_env.update(RAY_DEFAULT_TICK)  # its tests count ticks
     try:
         FIGURES["ray up s"] = round(c.up(), 1)
         STATE["bad"] = Driver(c, drivers.BAD)
