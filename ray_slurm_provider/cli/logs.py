@@ -29,7 +29,13 @@ from ray_slurm_provider.cli.common import (
 )
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.nodespec import split
-from ray_slurm_provider.provider.runs import earlier_run, find_log, last_head, ray_logs_of
+from ray_slurm_provider.provider.runs import (
+    earlier_run,
+    earlier_runs,
+    find_log,
+    last_head,
+    ray_logs_of,
+)
 from ray_slurm_provider.slurm.client import JOB_ID_RE
 
 
@@ -54,8 +60,10 @@ def resolve_job(cluster: Cluster, job: str | None) -> str | None:
 
 def list_logs(cluster: Cluster) -> list[str]:
     """This run's logs, then earlier runs' (kept apart: job ids may restart)."""
-    files = sorted(cluster.cdir.logs.glob("*.out"), key=lambda p: p.stat().st_mtime)
-    files = sorted(cluster.cdir.logs.glob("runs/*/*.out")) + files
+    def by_time(logs: Path) -> list[Path]:
+        return sorted(logs.glob("*.out"), key=lambda p: p.stat().st_mtime)
+
+    files = [f for run in [*earlier_runs(cluster.cdir), cluster.cdir.logs] for f in by_time(run)]
     if not files:
         return [f"no logs yet in {cluster.cdir.logs}"]
     rows = [[p.stem, f"{p.stat().st_size}",

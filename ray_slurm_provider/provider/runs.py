@@ -68,13 +68,22 @@ def earlier_run(cdir: ClusterDir, path: Path) -> bool:
     return path.parent != cdir.logs
 
 
+def earlier_runs(cdir: ClusterDir) -> list[Path]:
+    """The earlier runs' dirs, oldest first: by time, then `<time>.1`, `.2` ... `.10`."""
+    def order(run: Path) -> tuple[str, int]:
+        stamp, _, n = run.name.partition(".")
+        return stamp, int(n) if n.isdigit() else 0
+
+    return sorted((p for p in cdir.logs.glob("runs/*") if p.is_dir()), key=order)
+
+
 def ray_logs_of(cdir: ClusterDir, job_id: str) -> Path | None:
     """Where job `job_id`'s Ray logs were kept: this run's, else the newest earlier run's."""
     here = cdir.ray_logs(job_id)
     if here.is_dir():
         return here
     name = here.parent.name
-    for run in sorted(cdir.logs.glob("runs/*"), reverse=True):
+    for run in reversed(earlier_runs(cdir)):
         if (run / name / job_id).is_dir():
             return run / name / job_id
     return None

@@ -80,3 +80,16 @@ def test_logs_finds_a_job_in_an_earlier_run_the_newest_log_of_its_id_first(
     assert runs.find_log(c.cdir, "22") is None
     assert main(["logs", config, "22"]) != 0
     assert "no log for job 22" in capsys.readouterr().err
+
+
+def test_the_tenth_run_of_one_second_is_newer_than_the_second(tmp_path: Path) -> None:
+    """Runs of one second are `<time>`, `<time>.1`, ... `<time>.10`: names sorted as text
+    put `.10` before `.2`, and an older run's Ray logs were taken for the newest's."""
+    c = cluster(tmp_path, FakeSlurm())
+    c.cdir.create()
+    name = c.cdir.ray_logs("5").parent.name
+    for run in ("20260101-080000", "20260101-080000.2", "20260101-080000.10"):
+        (c.cdir.logs / "runs" / run / name / "5").mkdir(parents=True)
+    assert [r.name for r in runs.earlier_runs(c.cdir)] == [
+        "20260101-080000", "20260101-080000.2", "20260101-080000.10"]
+    assert runs.ray_logs_of(c.cdir, "5") == c.cdir.logs / "runs" / "20260101-080000.10" / name / "5"
