@@ -7,7 +7,6 @@ typed so callers can tell "the binary is missing" from "it ran and said no" from
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -98,10 +97,12 @@ def start(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
+    new_session: bool = False,
 ) -> subprocess.Popen[str]:
     """Start a long-running child whose output the caller streams (the node agent's Ray).
 
-    stdout and stderr are merged into one text pipe, line-buffered.
+    stdout and stderr are merged into one text pipe, line-buffered. With `new_session` the
+    child leads a session of its own, which end_session can end whole later.
     """
     args = [str(a) for a in argv]
     try:
@@ -112,6 +113,7 @@ def start(
             text=True,
             bufsize=1,
             env=dict(env) if env is not None else None,
+            start_new_session=new_session,
         )
     except FileNotFoundError as e:
         raise CommandNotFound(args, f"{args[0]}: command not found") from e
@@ -296,49 +298,35 @@ def end_orphans(child: subprocess.Popen[str], eof: threading.Event,
     return pids
 
 
-#: prctl(2)'s PR_SET_CHILD_SUBREAPER.
-_PR_SET_CHILD_SUBREAPER = 36
 
-
-def adopt_orphans() -> bool:
-    """Make this process the one that orphans below it are reparented to (Linux's child
-    subreaper), not init: the workers of a raylet that was SIGKILLed outlive it, and
-    end_descendants must still find them. False where the kernel refuses."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):  # no libc prctl: not Linux
-        return False
-
-
-def end_descendants(grace_s: float = 5.0) -> list[int]:
-    """KILL every process below this one, all found before any is signalled, and reap
-    them, for up to `grace_s`; return their pids. For the end of a job, once Ray has
-    stopped: what is left would still write to the temp dir that is removed next."""
-    try:
-        tree = psutil.Process().children(recursive=True)
-    except psutil.Error:
+def end_session(sid: int, grace_s: float = 5.0) -> list[int]:
+    """KILL every process of this user in session `sid` (a child started with `new_session`,
+    which has exited), again and again until none is left or `grace_s` has passed; return
+    their pids. Orphans go to init, so only their session still ties them to the child."""
+    if sid <= 1:  # led by no child: the kernel's threads' (0), init's (1)
         return []
-    for p in tree:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            p.kill()
+    ended: list[int] = []
     deadline = time.monotonic() + grace_s
-    left = list(tree)
-    while left and time.monotonic() < deadline:
-        left = [p for p in left if not _reaped(p)]
-        if left:
-            time.sleep(0.05)
-    return [p.pid for p in tree]
+    while True:
+        left = _in_session(sid)
+        for p in left:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                p.kill()
+        ended += [p.pid for p in left if p.pid not in ended]
+        if not left or time.monotonic() >= deadline:
+            return ended
+        time.sleep(0.05)  # a process forked while the others were signalled: once more
 
 
-def _reaped(p: psutil.Process) -> bool:
-    """Whether `p` has ended: reaped here when it is (by now) this process's child, else
-    gone or a zombie its own parent reaps."""
-    try:
-        pid, _ = os.waitpid(p.pid, os.WNOHANG)
-        return pid != 0
-    except ChildProcessError:  # not a child of ours: a grandchild whose parent lives
+def _in_session(sid: int) -> list[psutil.Process]:
+    """This user's processes in session `sid`, zombies left out (they have ended)."""
+    uid, me, found = os.getuid(), os.getpid(), []
+    for p in psutil.process_iter(["uids", "status"]):
         try:
-            return bool(p.status() == psutil.STATUS_ZOMBIE)
-        except psutil.NoSuchProcess:
-            return True
+            if p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(p.pid) == sid:
+                found.append(p)
+        except (OSError, psutil.Error):  # ended meanwhile
+            continue
+    return found

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 
-from ray_slurm_provider import proc
 from ray_slurm_provider.agent.agent import Agent
 from ray_slurm_provider.agent.head import HeadAgent
 from ray_slurm_provider.agent.worker import WorkerAgent
@@ -22,9 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ray_slurm_provider.agent")
     ap.add_argument("--spec", required=True, help="NodeSpec as JSON")
     args = ap.parse_args(argv)
-    agent = agent_for(NodeSpec.from_json(args.spec), dict(os.environ))
-    agent.reaps_orphans = proc.adopt_orphans()
-    return agent.main()
+    return agent_for(NodeSpec.from_json(args.spec), dict(os.environ)).main()
 
 
 if __name__ == "__main__":

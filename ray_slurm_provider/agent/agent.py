@@ -81,9 +81,6 @@ class Agent:
                                  f"{self.job_id}.{env['SLURM_NODEID']}")
         self.temp_ready = False  # the temp dir is this user's own: cleanup may read, remove it
         self.temp_private = False  # below the private parent `rsp-<uid>` (agent/tempdir.py)
-        # This process is the job's subreaper (__main__, proc.adopt_orphans): cleanup ends
-        # what Ray left, even the workers of a raylet that was killed.
-        self.reaps_orphans = False
         self.container = NodeContainer.from_spec(
             spec.container, cluster_name=spec.cluster_name, job_id=self.job_id,
             temp_dir=self.temp_dir, cluster_dir=str(self.cdir.root), env=env,
@@ -177,7 +174,9 @@ class Agent:
         if self.terminating:
             raise Stopping("told to stop before Ray started")
         log("starting: " + " ".join(argv))
-        self.child = proc.start(argv, env=env)
+        # A session of its own: the workers of a raylet that was killed are orphans, and
+        # only their session still ties them to this job's Ray (end_leftovers).
+        self.child = proc.start(argv, env=env, new_session=True)
         if self.stopping():  # the TERM came while it started: on_term saw no child yet
             self.child.send_signal(signal.SIGTERM)
         eof = threading.Event()
@@ -192,8 +191,17 @@ class Agent:
                 on_started()
         eof.set()
         code = int(self.child.wait())
+        self.end_leftovers(self.child.pid)
         self.child = None
         return code
+
+    def end_leftovers(self, session: int) -> None:
+        """End what Ray left in its session once `ray start` has exited. A worker still
+        running writes its log in the temp dir that cleanup removes next, and Ray fails its
+        task with FileNotFoundError, an error no retry covers."""
+        left = proc.end_session(session)
+        if left:
+            log(f"ended {len(left)} process(es) Ray left behind: {left}")
 
     def _orphans(self, pids: list[int]) -> None:
         log(f"ending {len(pids)} process(es) `ray start` left behind: {pids}")
@@ -270,12 +278,6 @@ class Agent:
         self.unmark()
         if self.container is not None:
             self.container.remove()
-        if self.reaps_orphans:
-            # Before the temp dir goes: a worker still running writes its log there, and
-            # Ray fails its task with FileNotFoundError (an error no retry covers).
-            left = proc.end_descendants()
-            if left:
-                log(f"ended {len(left)} process(es) Ray left behind: {left}")
         if self.temp_ready:  # else it may be another user's (agent/tempdir.py): left alone
             finish(self.temp_dir, self.cdir.ray_logs(self.node_id),
                    self.spec.ray_logs_max_mb << 20, log)

@@ -107,7 +107,8 @@ def test_v1_keeps_a_node_of_an_interface_address_v2_and_status_agree(
     started: list[tuple[list[str], dict[str, str]]] = []
     children: list[RayStart] = []
 
-    def start(argv: list[str], env: dict[str, str] | None = None) -> RayStart:
+    def start(argv: list[str], env: dict[str, str] | None = None,
+              new_session: bool = False) -> RayStart:
         started.append((list(argv), dict(env or {})))
         return children.pop(0)
 

@@ -23,6 +23,8 @@ from tests.fakes import FakeSlurm
 
 
 class FakeChild:
+    pid = 0  # end_session leaves session 0 alone (the kernel's threads)
+
     def __init__(self, lines: list[str], code: int) -> None:
         self.stdout = io.StringIO("".join(lines))
         self.code = code
@@ -50,7 +52,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[FakeCh
     a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     started: list[list[str]] = []
 
-    def start(argv: list[str], env: Any = None) -> FakeChild:
+    def start(argv: list[str], env: Any = None, new_session: bool = False) -> FakeChild:
         started.append(list(argv))
         return children.pop(0)
 
@@ -103,7 +105,7 @@ def test_head_start_is_retried_before_ray_up_hears_of_it(
     a = HeadAgent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
     children = [FakeChild(["The current node timed out during startup.\n"], 1),
                 FakeChild(["Ray runtime started.\n"], 0)]
-    monkeypatch.setattr(proc, "start", lambda argv, env=None: children.pop(0))
+    monkeypatch.setattr(proc, "start", lambda argv, env=None, new_session=False: children.pop(0))
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.3")
     monkeypatch.setattr(a, "pause", lambda s: None)
     monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
@@ -227,7 +229,7 @@ def test_term_during_setup_never_starts_ray(tmp_path: Path,
     setup.pid = 4242  # type: ignore[attr-defined]
     children: list[Any] = [setup]
 
-    def start(argv: list[str], env: Any = None) -> Any:
+    def start(argv: list[str], env: Any = None, new_session: bool = False) -> Any:
         started.append(list(argv))
         child = children.pop(0)
         if child is setup:
@@ -346,7 +348,7 @@ def test_the_head_takes_the_next_block_when_a_port_of_its_own_is_taken(
     a = HeadAgent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
     started: list[list[str]] = []
 
-    def start(argv: list[str], env: Any = None) -> FakeChild:
+    def start(argv: list[str], env: Any = None, new_session: bool = False) -> FakeChild:
         started.append(list(argv))
         return FakeChild(["Ray runtime started.\n"], 0)
 
@@ -408,8 +410,8 @@ def test_the_head_is_watched_from_before_ray_start(tmp_path: Path,
     events: list[str] = []
     a, started = agent(tmp_path, monkeypatch, [FakeChild([], 1), FakeChild([], 1)], attempts=2)
     real_start = proc.start  # the agent's fake, which records into `started`
-    monkeypatch.setattr(proc, "start", lambda argv, env=None: events.append("start")
-                        or real_start(argv, env))
+    monkeypatch.setattr(proc, "start", lambda argv, env=None, new_session=False: (
+        events.append("start"), real_start(argv, env))[1])
     watches: list[Any] = []
 
     def watch(cdir: Any, head: Any, alive: Any, on_gone: Any, node: Any = None,
@@ -459,8 +461,9 @@ def test_ray_starts_orphans_are_ended_so_the_agent_never_blocks_on_their_output(
                 os.kill(p, 9)
 
 
+
 # --- a raylet killed leaves its workers: they end before the temp dir goes -----------------
-def test_cleanup_ends_what_ray_left_before_removing_the_temp_dir(
+def test_what_ray_left_in_its_session_ends_before_the_temp_dir_goes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CI saw a task fail with FileNotFoundError (Ray's own getsize of the worker's log):
     its raylet had been SIGKILLed, the agent removed the temp dir, and the worker, still
@@ -468,26 +471,22 @@ def test_cleanup_ends_what_ray_left_before_removing_the_temp_dir(
     from ray_slurm_provider.agent import agent as agent_mod
 
     a, _ = agent(tmp_path, monkeypatch, [FakeChild(["x\n"], 1)], attempts=1)
+    sessions: list[bool] = []
+    real_start = proc.start  # the agent's fake
+
+    def start(argv: list[str], env: Any = None, new_session: bool = False) -> Any:
+        sessions.append(new_session)
+        return real_start(argv, env=env)
+
+    monkeypatch.setattr(proc, "start", start)
     events: list[str] = []
-    monkeypatch.setattr(proc, "end_descendants", lambda: events.append("end") or [4242])
-    monkeypatch.setattr(agent_mod, "finish", lambda *a: events.append("remove temp dir"))
-    a.main()
-    assert events == ["remove temp dir"]  # a test's own agent is no subreaper: pytest's
-    events.clear()                         # children are not its to end
-    a, _ = agent(tmp_path, monkeypatch, [FakeChild(["x\n"], 1)], attempts=1)
-    a.reaps_orphans = True
-    a.main()
-    assert events == ["end", "remove temp dir"]
 
+    def end_session(sid: int) -> list[int]:
+        events.append(f"end session {sid}")
+        return [4242]
 
-def test_the_agent_process_adopts_the_orphans_below_it(monkeypatch: pytest.MonkeyPatch,
-                                                       tmp_path: Path) -> None:
-    from ray_slurm_provider.agent import __main__ as entry
-
-    ran: list[bool] = []
-    monkeypatch.setattr(proc, "adopt_orphans", lambda: True)
-    monkeypatch.setattr(Agent, "main", lambda self: ran.append(self.reaps_orphans) or 0)
-    spec = NodeSpec(kind="worker", node_type="w", cluster_name="c1",
-                    state_dir=str(tmp_path), ports_base=25000)
-    monkeypatch.setenv("SLURM_JOB_ID", "9")
-    assert entry.main(["--spec", spec.to_json()]) == 0 and ran == [True]
+    monkeypatch.setattr(proc, "end_session", end_session)
+    monkeypatch.setattr(agent_mod, "finish", lambda *_: events.append("remove temp dir"))
+    assert a.main() == 1
+    assert sessions == [True]  # `ray start` leads its own session
+    assert events == [f"end session {FakeChild.pid}", "remove temp dir"]

@@ -43,7 +43,7 @@ def test_a_worker_told_to_stop_says_so_not_that_ray_failed(
     if end_time is not None:
         a.env["SLURM_JOB_END_TIME"] = end_time  # long past: Slurm's TERM at the time limit
     monkeypatch.setattr("ray_slurm_provider.proc.start",
-                        lambda argv, env=None: StoppedWhileUp(a, stop))
+                        lambda argv, env=None, new_session=False: StoppedWhileUp(a, stop))
     a.run()
     out = capsys.readouterr().out
     assert f"{said}; the job ends" in out

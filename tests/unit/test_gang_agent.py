@@ -76,7 +76,7 @@ def member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[Any],
     a.cdir.write_head(HeadInfo(job_id="1", ip="127.0.0.2", gcs_port=25000))
     envs: list[dict[str, str]] = []
 
-    def start(argv: list[str], env: Any = None) -> FakeChild:
+    def start(argv: list[str], env: Any = None, new_session: bool = False) -> FakeChild:
         envs.append(dict(env or {}))
         return children.pop(0)
 
@@ -97,6 +97,7 @@ class BlockingRay:
         self.signals: list[int] = []
         self.stopped = threading.Event()
         self.stdout = self.lines()
+        self.pid = 0  # no session end_session would end
 
     def lines(self) -> Iterator[str]:
         yield "Ray runtime started.\n"

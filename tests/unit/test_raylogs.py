@@ -77,7 +77,9 @@ def test_the_agent_keeps_rays_logs_before_it_deletes_the_temp_dir(
     class Ray:
         """`ray start --block` that wrote its logs, then ended (scancel, walltime, ...)."""
 
-        def __init__(self, argv: list[str], env: Any = None) -> None:
+        pid = 0  # no session end_session would end
+
+        def __init__(self, argv: list[str], env: Any = None, new_session: bool = False) -> None:
             session(Path(a.temp_dir), {"raylet.out": 20})
             self.stdout: list[str] = ["Ray runtime started.\n"]
 

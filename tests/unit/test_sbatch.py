@@ -155,7 +155,7 @@ def test_the_head_runs_the_entrypoint_cancels_its_workers_and_ends_with_its_code
     a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
                                     entrypoint=["python", "train.py"],
                                     runtime_env={"working_dir": str(staged)}))
-    monkeypatch.setattr(proc, "start", lambda argv, env=None: RayChild())
+    monkeypatch.setattr(proc, "start", lambda argv, env=None, new_session=False: RayChild())
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.2")
     monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
     seen: list[StartRequest] = []
@@ -228,7 +228,7 @@ def test_a_failing_submission_still_ends_the_one_shot_head(
     a.ndir.write_start(StartRequest(id="r1", ray_start=["ray", "start", "--head"],
                                     entrypoint=["python", "train.py"]))
     ray = RayChild(limit_s=10)
-    monkeypatch.setattr(proc, "start", lambda argv, env=None: ray)
+    monkeypatch.setattr(proc, "start", lambda argv, env=None, new_session=False: ray)
     monkeypatch.setattr(Agent, "node_ip", lambda self: "127.0.0.2")
     monkeypatch.setattr(head_role, "wait_port_free", lambda *args: None)
 
