@@ -122,6 +122,9 @@ def daemon_env(name: str, layout: Layout) -> dict[str, str]:
     for key in [k for k in env if k.startswith("DOCKER_")]:
         del env[key]
     env[OWNER_ENV] = layout.root
+    if name.startswith("slurmd:") and os.path.isdir(layout.enroot_bin_dir):
+        # Pyxis runs `enroot` from slurmstepd's PATH, which is slurmd's (with --pyxis).
+        env["PATH"] = ":".join([layout.enroot_bin_dir, env["PATH"]])
     if name == "slurmrestd":
         env["SLURM_JWT"] = "daemon"
     return env

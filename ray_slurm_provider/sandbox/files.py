@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import accounting, config, roots
+from ray_slurm_provider.sandbox import accounting, config, pyxis, roots
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import SandboxError
@@ -92,6 +92,8 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
     if spec.docker:
         _mkdir(layout.docker_dir, 0o711)
         _write_if_changed(layout.epilog, config.render_epilog(layout), 0o755)
+    if spec.pyxis:
+        _prepare_pyxis(layout, spec)
     if spec.in_root:
         _prepare_root_entry(layout, spec)
     else:  # wrappers of another release, left by an earlier `up` at this state dir
@@ -101,6 +103,20 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
         conf = accounting.render_dbd_conf(layout, spec.port_offset, accounting.password(layout))
         _write_if_changed(accounting.dbd_conf(layout), conf, 0o600)
         accounting.init_db(layout, "mariadb-install-db")
+
+
+def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
+    """Enroot's wrapper and per-user dirs (1777: each user's enroot makes its own, 0700),
+    pyxis's runtime dir and plugstack.conf; the builds themselves stay in the cache."""
+    build = pyxis.build_for(spec.slurm)
+    _mkdir(layout.enroot_dir, 0o755)
+    _mkdir(layout.enroot_bin_dir, 0o755)
+    for sub in ("run", "cache", "data"):
+        _mkdir(os.path.join(layout.enroot_dir, sub), 0o1777)
+    _mkdir(layout.pyxis_runtime_dir, 0o1777)
+    _write_if_changed(os.path.join(layout.enroot_bin_dir, "enroot"),
+                      pyxis.render_wrapper(layout, build), 0o755)
+    _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout, build), 0o644)
 
 
 def _prepare_root_entry(layout: Layout, spec: SandboxSpec) -> None:

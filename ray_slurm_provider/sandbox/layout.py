@@ -6,6 +6,8 @@
             munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
             fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
             users.json  home/<user>/ (0700)  shared/ (0755)      with --users N
+            etc/plugstack.conf  enroot/bin/enroot  enroot/{run,cache,data}/<user>/
+            pyxis/ (pyxis's runtime dir)                         with --pyxis
 """
 
 from __future__ import annotations
@@ -105,7 +107,25 @@ class Layout:
         """Client wrappers of a release that lives in a root (first on the sandbox's PATH)."""
         return self._p("bin")
 
+    @property
+    def enroot_dir(self) -> str:
+        """Enroot's per-user runtime, cache and data dirs, and its wrapper (with --pyxis)."""
+        return self._p("enroot")
+
+    @property
+    def enroot_bin_dir(self) -> str:
+        """The ``enroot`` wrapper, first on slurmd's PATH and in env.sh (with --pyxis)."""
+        return self._p("enroot", "bin")
+
+    @property
+    def pyxis_runtime_dir(self) -> str:
+        return self._p("pyxis")
+
     # individual files
+    @property
+    def plugstack_conf(self) -> str:
+        return self._p("etc", "plugstack.conf")
+
     @property
     def enter_script(self) -> str:
         return self._p("etc", "enter.sh")
