@@ -124,6 +124,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     for user in sb.users():
         print(f"# user {user.name} (uid {user.uid}), home {user.home}: "
               f"runuser -u {user.name} -- bash -c 'source {sb.layout.env_file}; cd; sinfo'")
+    if spec.pyxis:
+        build = pyxis.build_for(spec.slurm)
+        print(f"# enroot {pyxis.ENROOT_VERSION} ({build.enroot_prefix}) and pyxis "
+              f"{pyxis.PYXIS_VERSION} ({build.plugin}): srun --container-image=FILE.sqsh; "
+              "`ray-slurm sandbox image --runtime enroot` writes one")
     for key in sorted(env):
         print(f"export {key}={shlex.quote(env[key])}")
     print(f"""# Use it from a shell:  source {sb.layout.env_file}
