@@ -117,6 +117,7 @@ def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
     _write_if_changed(os.path.join(layout.enroot_bin_dir, "enroot"),
                       pyxis.render_wrapper(layout, build), 0o755)
     _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout, build), 0o644)
+    _write_if_changed(layout.node_entry_script, pyxis.render_node_entry(layout), 0o755)
 
 
 def _prepare_root_entry(layout: Layout, spec: SandboxSpec) -> None:

@@ -6,7 +6,7 @@
             munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
             fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
             users.json  home/<user>/ (0700)  shared/ (0755)      with --users N
-            etc/plugstack.conf  enroot/bin/enroot  enroot/{run,cache,data}/<user>/
+            etc/plugstack.conf enroot-ns.sh  enroot/bin/enroot  enroot/{run,cache,data}/<user>/
             pyxis/ (pyxis's runtime dir)                         with --pyxis
 """
 
@@ -125,6 +125,11 @@ class Layout:
     @property
     def plugstack_conf(self) -> str:
         return self._p("etc", "plugstack.conf")
+
+    @property
+    def node_entry_script(self) -> str:
+        """slurmd's entry into its mount namespace with the sandbox's enroot (--pyxis)."""
+        return self._p("etc", "enroot-ns.sh")
 
     @property
     def enter_script(self) -> str:

@@ -89,11 +89,18 @@ def leftovers(sandbox: Sandbox, user: SandboxUser | None) -> list[str]:
     name = user.name if user else "root"
     data = Path(sandbox.layout.enroot_dir, "data", name)
     left = [str(p) for p in data.iterdir()] if data.is_dir() else []
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            target = line.split()[1]
-            if target.startswith((sandbox.layout.enroot_dir, sandbox.layout.pyxis_runtime_dir)):
-                left.append(f"mount {target}")
+    status = sandbox.status()
+    # Jobs mount in their slurmd's namespace (--pyxis gives each slurmd its own).
+    pids = ["self", *(str(p) for n, p in status.daemons.items() if n.startswith("slurmd:"))]
+    for pid in pids:
+        with open(f"/proc/{pid}/mounts") as f:
+            for line in f:
+                target = line.split()[1]
+                if target.startswith((sandbox.layout.enroot_dir,
+                                      sandbox.layout.pyxis_runtime_dir)):
+                    left.append(f"mount {target} (in {pid})")
+    # A failed epilog (pyxis's, when it cannot run enroot) drains the node.
+    left += [f"node {n} {s}" for n, s in status.nodes.items() if "drain" in s]
     return left + [f"container {c}" for c in enroot_list(sandbox, user)]
 
 

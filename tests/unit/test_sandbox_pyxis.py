@@ -270,3 +270,26 @@ def test_sqsh_image_is_squashed_from_the_rootfs_and_renamed_into_place(
     assert calls[0][0] == "mksquashfs" and "-all-root" in calls[0]
     assert dest.read_bytes() == b"hsqs" and stat.S_IMODE(dest.stat().st_mode) == 0o644
     assert os.listdir(dest.parent) == ["rsp-bind.sqsh"]  # no temporary left beside it
+
+
+def test_slurmd_enters_a_namespace_where_the_epilog_finds_enroot(tmp_path: Path) -> None:
+    """Pyxis's job epilog looks in /usr/local/bin only: an overlay there, in slurmd's own
+    mount namespace."""
+    layout = Layout("/tmp/rsp-unit")
+    script = pyxis.render_node_entry(layout)
+    assert ("mount -t overlay rsp-enroot -o 'lowerdir=/tmp/rsp-unit/enroot/bin:/usr/local/bin'"
+            " /usr/local/bin") in script
+    path = tmp_path / "enroot-ns.sh"
+    path.write_text(script)
+    subprocess.run(["sh", "-n", str(path)], check=True)
+    spec = SandboxSpec(pyxis=True)
+    argv = daemons.argv_for("slurmd:n1", layout, spec)
+    spawn = daemons.spawn_argv("slurmd:n1", layout, spec, argv)
+    assert spawn == ["unshare", "--mount", "--propagation", "private", "/bin/sh",
+                     layout.node_entry_script, *argv]
+    ctld = daemons.argv_for("slurmctld", layout, spec)
+    assert daemons.spawn_argv("slurmctld", layout, spec, ctld) is ctld
+    plain = SandboxSpec()
+    assert daemons.spawn_argv("slurmd:n1", layout, plain, argv) is argv
+    with pytest.raises(SandboxError, match="without ':' or ','"):
+        pyxis.render_node_entry(Layout("/tmp/a,b"))
