@@ -191,7 +191,11 @@ def test_enroot_imports_from_the_sandbox_dockerd(pyxis_sandbox: Sandbox,
     if not pyxis_sandbox.spec.docker:
         pytest.fail("the sandbox runs no dockerd: start it with `--docker --pyxis`")
     tag = "rsp-enroot-import:1"
-    image.build(tag)
+    tar = tmp_path / "rootfs.tar"
+    image.rootfs_tar(tar)
+    # enroot runs `docker create IMAGE`, which refuses an image without a command ("Error
+    # response from daemon: No command specified"), as `docker import` makes them.
+    run(["docker", "import", "--change", 'CMD ["/bin/sh"]', str(tar), tag])
     out = tmp_path / "imported.sqsh"
     try:
         run(sourced(pyxis_sandbox, f"enroot import -o {out} dockerd://{tag}"))
