@@ -158,7 +158,7 @@ def spawn_argv(name: str, layout: Layout, spec: SandboxSpec, argv: list[str]) ->
     if spec.in_root and name not in ("dockerd", "mariadb"):
         return [*unshare, layout.enter_script, "daemon", "/", *argv]
     if spec.pyxis and name.startswith("slurmd:"):
-        return [*unshare, layout.node_entry_script, *argv]
+        return [*unshare, layout.node_entry_script, name.split(":", 1)[1], *argv]
     return argv
 
 

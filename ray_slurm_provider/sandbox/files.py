@@ -40,6 +40,16 @@ def _write_if_changed(path: str, text: str, mode: int) -> None:
     _write(path, text, mode)
 
 
+def _write_bytes_if_changed(path: str, data: bytes, mode: int) -> None:
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return
+    except FileNotFoundError:
+        pass
+    _write(path, data, mode)
+
+
 def _mkdir(path: str, mode: int) -> None:
     os.makedirs(path, exist_ok=True)
     os.chmod(path, mode)
@@ -106,17 +116,23 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
 
 
 def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
-    """Enroot's wrapper and per-user dirs (1777: each user's enroot makes its own, 0700),
-    pyxis's runtime dir and plugstack.conf; the builds themselves stay in the cache."""
+    """Enroot's wrapper and node-local storage (the login node's and each node's; 1777:
+    each user's enroot makes its own dirs, 0700), pyxis's runtime dir, plugstack.conf and
+    slurmd's entry script; the builds themselves stay in the cache."""
     build = pyxis.build_for(spec.slurm)
     _mkdir(layout.enroot_dir, 0o755)
     _mkdir(layout.enroot_bin_dir, 0o755)
-    for sub in ("run", "cache", "data"):
-        _mkdir(os.path.join(layout.enroot_dir, sub), 0o1777)
+    local = [layout.enroot_local_dir]
+    local += [layout.enroot_node_dir(config.node_name(k)) for k in range(1, spec.nodes + 1)]
+    for d in local:
+        for sub in ("run", "cache", "data"):
+            _mkdir(os.path.join(d, sub), 0o1777)
     _mkdir(layout.pyxis_runtime_dir, 0o1777)
     _write_if_changed(os.path.join(layout.enroot_bin_dir, "enroot"),
                       pyxis.render_wrapper(layout, build), 0o755)
-    _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout, build), 0o644)
+    with open(build.plugin, "rb") as f:
+        _write_bytes_if_changed(layout.pyxis_plugin, f.read(), 0o755)
+    _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout), 0o644)
     _write_if_changed(layout.node_entry_script, pyxis.render_node_entry(layout), 0o755)
 
 

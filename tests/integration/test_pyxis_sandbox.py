@@ -1,6 +1,7 @@
 """Enroot and Pyxis live on the sandbox (``ray-slurm sandbox up --pyxis``): `srun
 --container-image` as root and as a sandbox user, `enroot list` after sourcing env.sh, a
-named container kept across two steps of one job, the sandbox's own `.sqsh` image, and
+named container kept across two steps of one job, one name on two nodes of one job (enroot's
+storage is node-local), the sandbox's own `.sqsh` image, `enroot import dockerd://`, and
 nothing of a container left once its job ended."""
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ def enroot_list(sandbox: Sandbox, user: SandboxUser | None) -> list[str]:
 def leftovers(sandbox: Sandbox, user: SandboxUser | None) -> list[str]:
     """What a user's enroot keeps after its jobs: containers, unpacked roots, mounts."""
     name = user.name if user else "root"
-    data = Path(sandbox.layout.enroot_dir, "data", name)
-    left = [str(p) for p in data.iterdir()] if data.is_dir() else []
+    local = sandbox.layout.enroot_local_dir
+    nodes = Path(sandbox.layout.enroot_dir, "nodes")
+    left = []
+    for data in [Path(local, "data", name), *(n / "data" / name for n in nodes.iterdir())]:
+        left += [str(p) for p in data.iterdir()] if data.is_dir() else []
     status = sandbox.status()
     # Jobs mount in their slurmd's namespace (--pyxis gives each slurmd its own).
     pids = ["self", *(str(p) for n, p in status.daemons.items() if n.startswith("slurmd:"))]
@@ -96,8 +100,8 @@ def leftovers(sandbox: Sandbox, user: SandboxUser | None) -> list[str]:
         with open(f"/proc/{pid}/mounts") as f:
             for line in f:
                 target = line.split()[1]
-                if target.startswith((sandbox.layout.enroot_dir,
-                                      sandbox.layout.pyxis_runtime_dir)):
+                if target != local and target.startswith((sandbox.layout.enroot_dir,
+                                                          sandbox.layout.pyxis_runtime_dir)):
                     left.append(f"mount {target} (in {pid})")
     # A failed epilog (pyxis's, when it cannot run enroot) drains the node.
     left += [f"node {n} {s}" for n, s in status.nodes.items() if "drain" in s]
@@ -169,6 +173,27 @@ enroot list
     out.unlink()
     script.unlink()
     wait_clean(pyxis_sandbox, user)
+
+
+def test_one_name_on_two_nodes_of_a_job(pyxis_sandbox: Sandbox, busybox_sqsh: str,
+                                         tmp_path: Path) -> None:
+    """Pyxis names the container `pyxis_<job>_<name>` on every node: each node keeps its
+    own, in its own storage."""
+    out = tmp_path / "two-nodes.out"
+    script = tmp_path / "two-nodes.sh"
+    script.write_text(f"""#!/bin/sh
+srun -N2 --ntasks-per-node=1 --container-image={busybox_sqsh} --container-name=both \\
+    --container-writable sh -c 'echo "made on $SLURMD_NODENAME" > /node'
+srun -N2 --ntasks-per-node=1 --container-name=both --container-writable \\
+    sh -c 'echo "$SLURMD_NODENAME: $(cat /node)"'
+""")
+    run(["sbatch", "--wait", "-N2", "-p", "cpu", "-t", "5", "-o", str(out), str(script)])
+    lines = sorted(ln for ln in out.read_text().splitlines() if ": made on" in ln)
+    assert len(lines) == 2, out.read_text()
+    for line in lines:
+        node, made = line.split(": made on ")
+        assert node == made.strip(), lines
+    wait_clean(pyxis_sandbox, None)
 
 
 def test_the_sandbox_image_runs_under_pyxis(pyxis_sandbox: Sandbox, tmp_path: Path) -> None:

@@ -180,11 +180,11 @@ def test_slurm_conf_loads_pyxis_only_with_pyxis() -> None:
     assert "PlugStackConfig" not in render_slurm_conf(LAYOUT, SandboxSpec())
 
 
-def test_plugstack_names_the_cached_plugin_and_the_runtime_dir() -> None:
-    build = pyxis.Build("/var/cache/rsp")
-    text = pyxis.render_plugstack(LAYOUT, build)
+def test_plugstack_names_the_state_dirs_plugin_and_the_runtime_dir() -> None:
+    """The copy in etc/, which the Ray nodes' containers see (their sbatch loads it)."""
+    text = pyxis.render_plugstack(LAYOUT)
     assert text.splitlines()[-1] == (
-        "required /var/cache/rsp/pyxis/0.24.0/slurm-22.05/spank_pyxis.so "
+        "required /tmp/rsp-unit/etc/spank_pyxis.so "
         "runtime_path=/tmp/rsp-unit/pyxis container_scope=job")
 
 
@@ -206,7 +206,7 @@ def test_the_wrapper_gives_cleared_environments_per_user_paths(tmp_path: Path) -
     me = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
     out = subprocess.run(["/bin/sh", str(wrapper), "list", "-f"], capture_output=True,
                          text=True, check=True, env={"PATH": "/usr/bin:/bin"}).stdout.strip()
-    d = layout.enroot_dir
+    d = layout.enroot_local_dir
     bindir = str(Path(build.enroot).parent)
     assert out == f"{d}/run/{me}|{d}/cache/{me}|{d}/data/{me}|{bindir}|list -f"
     mine = {"PATH": "/usr/bin:/bin", "ENROOT_DATA_PATH": "/scratch/mine"}
@@ -215,15 +215,25 @@ def test_the_wrapper_gives_cleared_environments_per_user_paths(tmp_path: Path) -
     assert out.split("|")[2] == "/scratch/mine"
 
 
-def test_prepare_makes_open_per_user_dirs_and_an_executable_wrapper(tmp_path: Path) -> None:
+def test_prepare_makes_open_per_user_dirs_and_an_executable_wrapper(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RAY_SLURM_SANDBOX_CACHE", str(cache))
+    plugin = Path(pyxis.build_for("22.05").plugin)
+    plugin.parent.mkdir(parents=True)
+    plugin.write_bytes(b"\x7fELF plugin")
     layout = Layout(str(tmp_path / "state"))
     os.makedirs(layout.etc_dir)
-    files._prepare_pyxis(layout, SandboxSpec(pyxis=True))
-    for sub in ("run", "cache", "data"):
-        assert stat.S_IMODE(os.stat(os.path.join(layout.enroot_dir, sub)).st_mode) == 0o1777
+    files._prepare_pyxis(layout, SandboxSpec(pyxis=True, nodes=2))
+    dirs = [layout.enroot_local_dir, layout.enroot_node_dir("n1"), layout.enroot_node_dir("n2")]
+    for d in dirs:
+        for sub in ("run", "cache", "data"):
+            assert stat.S_IMODE(os.stat(os.path.join(d, sub)).st_mode) == 0o1777
+    assert sorted(os.listdir(os.path.join(layout.enroot_dir, "nodes"))) == ["n1", "n2"]
     assert stat.S_IMODE(os.stat(layout.pyxis_runtime_dir).st_mode) == 0o1777
     assert os.access(os.path.join(layout.enroot_bin_dir, "enroot"), os.X_OK)
-    assert "spank_pyxis.so" in Path(layout.plugstack_conf).read_text()
+    assert layout.pyxis_plugin in Path(layout.plugstack_conf).read_text()
+    assert Path(layout.pyxis_plugin).read_bytes() == b"\x7fELF plugin"
 
 
 def test_slurmd_finds_enroot_first_on_its_path(tmp_path: Path) -> None:
@@ -279,6 +289,8 @@ def test_slurmd_enters_a_namespace_where_the_epilog_finds_enroot(tmp_path: Path)
     script = pyxis.render_node_entry(layout)
     assert ("mount -t overlay rsp-enroot -o 'lowerdir=/tmp/rsp-unit/enroot/bin:/usr/local/bin'"
             " /usr/local/bin") in script
+    assert """mount --bind '/tmp/rsp-unit/enroot/nodes'/"$node" '/tmp/rsp-unit/enroot/local'""" \
+        in script
     path = tmp_path / "enroot-ns.sh"
     path.write_text(script)
     subprocess.run(["sh", "-n", str(path)], check=True)
@@ -286,7 +298,7 @@ def test_slurmd_enters_a_namespace_where_the_epilog_finds_enroot(tmp_path: Path)
     argv = daemons.argv_for("slurmd:n1", layout, spec)
     spawn = daemons.spawn_argv("slurmd:n1", layout, spec, argv)
     assert spawn == ["unshare", "--mount", "--propagation", "private", "/bin/sh",
-                     layout.node_entry_script, *argv]
+                     layout.node_entry_script, "n1", *argv]
     ctld = daemons.argv_for("slurmctld", layout, spec)
     assert daemons.spawn_argv("slurmctld", layout, spec, ctld) is ctld
     plain = SandboxSpec()
