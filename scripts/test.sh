@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README test command: lint, type-check, then every test not needing a real GPU against
 # real local Slurm sandboxes (needs root), in phases:
-#   1. Slurm 22.05 (the host's), docker + podman, two users: the whole suite but accounting
+#   1. Slurm 22.05 (the host's), docker + podman, enroot + pyxis, two users: the whole suite
+#      but accounting (--pyxis builds enroot and pyxis once into the cache, from the tarballs
+#      in $RAY_SLURM_VENDOR_DIR, default ../shared/vendor)
 #   2. Slurm 24.11 and 26.05 (Debian roots, built once into the cache): the Slurm
 #      integration suites (CLI and REST) and the core `ray up` lifecycle; on 26.05 also
 #      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py)
@@ -69,8 +71,8 @@ phase() (
 for p in $PHASES; do
   case "$p" in
     1) # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
-       name="Slurm 22.05, docker, podman, 2 users"
-       phase "$name" "$MAIN_DIR" "--docker --users 2 --port-offset $OFFSET" \
+       name="Slurm 22.05, docker, podman, pyxis, 2 users"
+       phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --port-offset $OFFSET" \
          -m 'not gpu and not accounting and not apptainer' tests/ "$@" || FAILED+=("$name") ;;
     2) phase "Slurm 24.11" "$MAIN_DIR-24.11" "--slurm 24.11 --port-offset $((OFFSET + 100))" \
          -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 24.11")

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, daemons, roots
+from ray_slurm_provider.sandbox import config, daemons, pyxis, roots
 from ray_slurm_provider.sandbox.core import STATE_DIR_ENV, Sandbox
 from ray_slurm_provider.sandbox.procs import SandboxError
 
@@ -45,6 +45,11 @@ def register(sub: Any) -> None:
                     help="also run slurmdbd on a private MariaDB with an account tree, the "
                     "users as associations, QOSes normal/high/scavenger/limited (high "
                     "preempts scavenger; limited: 2 jobs per user) and typed GPUs")
+    up.add_argument("--pyxis", action="store_true",
+                    help="also build enroot and the pyxis SPANK plugin once into the cache "
+                    f"(from the release tarballs in ${pyxis.VENDOR_ENV}, default "
+                    "<project>/../shared/vendor) and load pyxis: `srun --container-image`; "
+                    "env.sh puts the sandbox's enroot on PATH")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -60,8 +65,11 @@ def register(sub: Any) -> None:
     img = ssub.add_parser("image", help="build the sandbox's Ray node image (no registry "
                           "needed)")
     img.add_argument("--tag", default=None, help="image tag (default rsp-bind:latest); for "
-                     "apptainer the image directory (default <state dir>/shared/rsp-bind)")
-    img.add_argument("--runtime", default="docker", choices=("docker", "podman", "apptainer"))
+                     "apptainer the image directory (default <state dir>/shared/rsp-bind), "
+                     "for enroot (and pyxis) the squashfs file (default <state "
+                     "dir>/shared/rsp-bind.sqsh)")
+    img.add_argument("--runtime", default="docker",
+                     choices=("docker", "podman", "apptainer", "enroot"))
     _state_dir_arg(img)
     img.set_defaults(func=cmd_image)
 
@@ -75,8 +83,9 @@ def cmd_image(args: argparse.Namespace) -> int:
 
     t0 = time.monotonic()
     tag = args.tag or image.DEFAULT_TAG
-    if args.runtime == "apptainer" and args.tag is None:
-        tag = os.path.join(Sandbox(args.state_dir).layout.shared_dir, "rsp-bind")
+    if args.runtime in image.FILE_NAMES and args.tag is None:
+        shared = Sandbox(args.state_dir).layout.shared_dir
+        tag = os.path.join(shared, image.FILE_NAMES[args.runtime])
     try:
         tag = image.build(tag, args.runtime)
     except (proc.CommandError, OSError) as e:
@@ -101,7 +110,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      cpus_per_node=args.cpus_per_node,
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
                      port_offset=args.port_offset, users=args.users, slurm=args.slurm,
-                     accounting=args.accounting)
+                     accounting=args.accounting, pyxis=args.pyxis)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:
@@ -115,6 +124,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     for user in sb.users():
         print(f"# user {user.name} (uid {user.uid}), home {user.home}: "
               f"runuser -u {user.name} -- bash -c 'source {sb.layout.env_file}; cd; sinfo'")
+    if spec.pyxis:
+        build = pyxis.build_for(spec.slurm)
+        print(f"# enroot {pyxis.ENROOT_VERSION} ({build.enroot_prefix}) and pyxis "
+              f"{pyxis.PYXIS_VERSION} ({build.plugin}): srun --container-image=FILE.sqsh; "
+              "`ray-slurm sandbox image --runtime enroot` writes one")
     for key in sorted(env):
         print(f"export {key}={shlex.quote(env[key])}")
     print(f"""# Use it from a shell:  source {sb.layout.env_file}

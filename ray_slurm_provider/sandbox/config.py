@@ -76,6 +76,7 @@ class SandboxSpec:
     users: int = 0  # throwaway Unix users (sandbox/users.py)
     slurm: str = roots.HOST_RELEASE  # the Slurm release (sandbox/roots.py)
     accounting: bool = False  # slurmdbd on MariaDB, QOSes, typed GPUs (sandbox/accounting.py)
+    pyxis: bool = False  # enroot and the pyxis SPANK plugin (sandbox/pyxis.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -95,6 +96,9 @@ class SandboxSpec:
         if self.docker and roots.in_root(self.slurm):
             raise ValueError(f"--docker runs only with the host's Slurm {roots.HOST_RELEASE} "
                              f"(Slurm {self.slurm} lives in a root without a docker CLI)")
+        if self.pyxis and roots.in_root(self.slurm):
+            raise ValueError(f"--pyxis runs only with the host's Slurm {roots.HOST_RELEASE} "
+                             f"(pyxis is built against the host's spank.h)")
         if self.port_offset < 0 or node_port(self.nodes, self.port_offset) > MAX_PORT:
             raise ValueError(f"port_offset {self.port_offset} puts slurmd ports past {MAX_PORT} "
                              "(Ray's worker port range starts at 10002)")
@@ -127,6 +131,7 @@ class SandboxSpec:
             users=int(data.get("users", 0)),
             slurm=str(data.get("slurm", roots.HOST_RELEASE)),
             accounting=bool(data.get("accounting", False)),
+            pyxis=bool(data.get("pyxis", False)),
         )
 
     @property
@@ -177,6 +182,8 @@ def render_slurm_conf(layout: Layout, spec: SandboxSpec) -> str:
         lines.append(f"Epilog={layout.epilog}")
     if spec.accounting:
         lines += accounting.slurm_conf_lines(layout, spec.port_offset)
+    if spec.pyxis:
+        lines.append(f"PlugStackConfig={layout.plugstack_conf}")
     for k in range(1, spec.nodes + 1):
         kind, count = node_gpus(spec, k)
         gres = f" Gres=gpu:{kind + ':' if kind else ''}{count}" if count else ""

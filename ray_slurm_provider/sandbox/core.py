@@ -18,6 +18,7 @@ from ray_slurm_provider.sandbox import (
     files,
     prereq,
     probes,
+    pyxis,
     roots,
     users,
 )
@@ -74,12 +75,13 @@ class Sandbox:
     def __init__(self, state_dir: str | None = None, nodes: int = 3, gpus_per_node: int = 2,
                  cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
                  docker: bool = False, *, port_offset: int = 0, users: int = 0,
-                 slurm: str = roots.HOST_RELEASE, accounting: bool = False) -> None:
+                 slurm: str = roots.HOST_RELEASE, accounting: bool = False,
+                 pyxis: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
                                 port_offset=port_offset, users=users, slurm=slurm,
-                                accounting=accounting)
+                                accounting=accounting, pyxis=pyxis)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -95,7 +97,7 @@ class Sandbox:
                    cpus_per_node=spec.cpus_per_node,
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
                    port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
-                   accounting=spec.accounting)
+                   accounting=spec.accounting, pyxis=spec.pyxis)
 
     @property
     def state_dir(self) -> str:
@@ -121,6 +123,9 @@ class Sandbox:
             env["DOCKER_HOST"] = self.layout.docker_host
         if self.spec.in_root:  # the release's client commands come first
             env["PATH"] = os.pathsep.join([self.layout.bin_dir, os.environ.get("PATH", "")])
+        if self.spec.pyxis:  # the sandbox's enroot (never with a root: SandboxSpec)
+            env["PATH"] = os.pathsep.join([self.layout.enroot_bin_dir,
+                                           os.environ.get("PATH", "")])
         return env
 
     # -- up ---------------------------------------------------------------------------------
@@ -135,7 +140,9 @@ class Sandbox:
         """
         prereq.check_root()
         prereq.ensure_packages(self.spec.docker, install, root=self.spec.in_root,
-                               accounting=self.spec.accounting)
+                               accounting=self.spec.accounting, pyxis=self.spec.pyxis)
+        if self.spec.pyxis:  # before the lock, like a root: a first build takes a minute
+            pyxis.ensure_built(pyxis.build_for(self.spec.slurm))
         if self.spec.in_root:  # before the lock: a first build takes minutes
             roots.ensure_root(self.spec.slurm)
         elif (host := roots.host_release()) != self.spec.slurm:

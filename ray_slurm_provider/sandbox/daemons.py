@@ -122,6 +122,9 @@ def daemon_env(name: str, layout: Layout) -> dict[str, str]:
     for key in [k for k in env if k.startswith("DOCKER_")]:
         del env[key]
     env[OWNER_ENV] = layout.root
+    if name.startswith("slurmd:") and os.path.isdir(layout.enroot_bin_dir):
+        # Pyxis runs `enroot` from slurmstepd's PATH, which is slurmd's (with --pyxis).
+        env["PATH"] = ":".join([layout.enroot_bin_dir, env["PATH"]])
     if name == "slurmrestd":
         env["SLURM_JWT"] = "daemon"
     return env
@@ -136,19 +139,27 @@ def start(name: str, layout: Layout, spec: SandboxSpec, registry: Registry) -> E
             with open(daemon_json, "w") as f:
                 f.write("{}\n")
     _check_port_free(name, spec)
-    spawn = argv
-    if spec.in_root and name not in ("dockerd", "mariadb"):
-        spawn = ["unshare", "--mount", "--propagation", "private", "/bin/sh",
-                 layout.enter_script, "daemon", "/", *argv]
+    spawn = spawn_argv(name, layout, spec, argv)
     pid = proc.spawn(spawn, env=daemon_env(name, layout), log_path=layout.log(name))
     entry = Entry(pid, tuple(argv))
     registry.record(name, entry)
     if spawn is not argv:
-        # The pid becomes the daemon once the entry script has built its root and exec'd.
+        # The pid becomes the daemon once the entry script has made its namespace and exec'd.
         probes.wait_until(lambda: cmdline(pid) == entry.argv or not exists(pid), 30.0,
-                          f"{name} to enter the Slurm {spec.slurm} root",
+                          f"{name} to enter its mount namespace",
                           lambda: describe_failure(name, layout))
     return entry
+
+
+def spawn_argv(name: str, layout: Layout, spec: SandboxSpec, argv: list[str]) -> list[str]:
+    """How daemon `name` is started: `argv` itself, or `argv` behind an entry script that
+    makes its mount namespace first (a release in a root; slurmd with --pyxis)."""
+    unshare = ["unshare", "--mount", "--propagation", "private", "/bin/sh"]
+    if spec.in_root and name not in ("dockerd", "mariadb"):
+        return [*unshare, layout.enter_script, "daemon", "/", *argv]
+    if spec.pyxis and name.startswith("slurmd:"):
+        return [*unshare, layout.node_entry_script, name.split(":", 1)[1], *argv]
+    return argv
 
 
 def _port_of(name: str, spec: SandboxSpec) -> int | None:

@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import accounting, config, roots
+from ray_slurm_provider.sandbox import accounting, config, pyxis, roots
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import SandboxError
@@ -38,6 +38,16 @@ def _write_if_changed(path: str, text: str, mode: int) -> None:
     except FileNotFoundError:
         pass
     _write(path, text, mode)
+
+
+def _write_bytes_if_changed(path: str, data: bytes, mode: int) -> None:
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return
+    except FileNotFoundError:
+        pass
+    _write(path, data, mode)
 
 
 def _mkdir(path: str, mode: int) -> None:
@@ -92,6 +102,8 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
     if spec.docker:
         _mkdir(layout.docker_dir, 0o711)
         _write_if_changed(layout.epilog, config.render_epilog(layout), 0o755)
+    if spec.pyxis:
+        _prepare_pyxis(layout, spec)
     if spec.in_root:
         _prepare_root_entry(layout, spec)
     else:  # wrappers of another release, left by an earlier `up` at this state dir
@@ -101,6 +113,27 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
         conf = accounting.render_dbd_conf(layout, spec.port_offset, accounting.password(layout))
         _write_if_changed(accounting.dbd_conf(layout), conf, 0o600)
         accounting.init_db(layout, "mariadb-install-db")
+
+
+def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
+    """Enroot's wrapper and node-local storage (the login node's and each node's; 1777:
+    each user's enroot makes its own dirs, 0700), pyxis's runtime dir, plugstack.conf and
+    slurmd's entry script; the builds themselves stay in the cache."""
+    build = pyxis.build_for(spec.slurm)
+    _mkdir(layout.enroot_dir, 0o755)
+    _mkdir(layout.enroot_bin_dir, 0o755)
+    local = [layout.enroot_local_dir]
+    local += [layout.enroot_node_dir(config.node_name(k)) for k in range(1, spec.nodes + 1)]
+    for d in local:
+        for sub in ("run", "cache", "data"):
+            _mkdir(os.path.join(d, sub), 0o1777)
+    _mkdir(layout.pyxis_runtime_dir, 0o1777)
+    _write_if_changed(os.path.join(layout.enroot_bin_dir, "enroot"),
+                      pyxis.render_wrapper(layout, build), 0o755)
+    with open(build.plugin, "rb") as f:
+        _write_bytes_if_changed(layout.pyxis_plugin, f.read(), 0o755)
+    _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout), 0o644)
+    _write_if_changed(layout.node_entry_script, pyxis.render_node_entry(layout), 0o755)
 
 
 def _prepare_root_entry(layout: Layout, spec: SandboxSpec) -> None:

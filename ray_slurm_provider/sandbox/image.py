@@ -8,7 +8,9 @@ true` binds the node agent's own Python environment, so Python and Ray inside th
 are exactly the host's (see testbed.md: 1-2 s to build instead of ~90 s for a full rootfs).
 
 Apptainer takes the same root filesystem as a directory ("sandbox" image): no build tool, no
-registry, and ordinary users run it in a user namespace.
+registry, and ordinary users run it in a user namespace. Enroot and Pyxis take it as a
+squashfs file (``mksquashfs -all-root`` of that directory), which every node reads from the
+shared dir.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from ray_slurm_provider import proc
 
 DEFAULT_TAG = "rsp-bind:latest"
+#: The image's file name in the sandbox's shared dir, for the runtimes that take a path.
+FILE_NAMES = {"apptainer": "rsp-bind", "enroot": "rsp-bind.sqsh"}
 _LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
 _DIRS = ("sbin", "etc", "tmp", "root", "home", "proc", "sys", "dev", "run", "var/tmp", "usr",
          "opt", "mnt")
@@ -89,11 +93,28 @@ def build_dir(dest: str) -> str:
     return dest
 
 
+def build_sqsh(dest: str) -> str:
+    """Write the image as a squashfs file for enroot and pyxis (readable by every user),
+    built beside `dest` and then renamed into place, so a job never reads half a file."""
+    dest = os.path.abspath(dest)
+    os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".rsp-image-", dir=os.path.dirname(dest)) as tmp:
+        root = build_dir(os.path.join(tmp, "root"))
+        out = os.path.join(tmp, "image.sqsh")
+        proc.run(["mksquashfs", root, out, "-all-root", "-noappend", "-no-progress"],
+                 timeout=300)
+        os.chmod(out, 0o644)
+        os.replace(out, dest)
+    return dest
+
+
 def build(tag: str = DEFAULT_TAG, runtime: str = "docker") -> str:
     """Build and import the image into docker or podman; return its tag. For apptainer,
-    `tag` is the directory to write."""
+    `tag` is the directory to write; for enroot, the .sqsh file."""
     if runtime == "apptainer":
         return build_dir(tag)
+    if runtime == "enroot":
+        return build_sqsh(tag)
     cli = ["podman", *PODMAN_ARGS] if runtime == "podman" else [runtime]
     with tempfile.TemporaryDirectory(prefix="rsp-image-") as d:
         tar = Path(d) / "rootfs.tar"

@@ -6,6 +6,10 @@
             munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
             fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
             users.json  home/<user>/ (0700)  shared/ (0755)      with --users N
+            etc/plugstack.conf spank_pyxis.so enroot-ns.sh  enroot/bin/enroot  pyxis/ (runtime)
+            enroot/local/{run,cache,data}/<user>/  the login node's enroot storage; in each
+            enroot/nodes/<node>/...                slurmd's namespace, bound over local/
+                                                                 (all with --pyxis)
 """
 
 from __future__ import annotations
@@ -105,7 +109,45 @@ class Layout:
         """Client wrappers of a release that lives in a root (first on the sandbox's PATH)."""
         return self._p("bin")
 
+    @property
+    def enroot_dir(self) -> str:
+        """Enroot's wrapper and node-local storage (with --pyxis)."""
+        return self._p("enroot")
+
+    @property
+    def enroot_bin_dir(self) -> str:
+        """The ``enroot`` wrapper, first on slurmd's PATH and in env.sh (with --pyxis)."""
+        return self._p("enroot", "bin")
+
+    @property
+    def enroot_local_dir(self) -> str:
+        """Enroot's node-local storage: the login node's own on the host; in each slurmd's
+        mount namespace its node's dir is bound over it (with --pyxis)."""
+        return self._p("enroot", "local")
+
+    def enroot_node_dir(self, node: str) -> str:
+        return self._p("enroot", "nodes", node)
+
+    @property
+    def pyxis_runtime_dir(self) -> str:
+        return self._p("pyxis")
+
     # individual files
+    @property
+    def plugstack_conf(self) -> str:
+        return self._p("etc", "plugstack.conf")
+
+    @property
+    def pyxis_plugin(self) -> str:
+        """A copy of the cached pyxis plugin: etc/ is bound into the Ray nodes' containers,
+        whose sbatch loads every plugin plugstack.conf names (with --pyxis)."""
+        return self._p("etc", "spank_pyxis.so")
+
+    @property
+    def node_entry_script(self) -> str:
+        """slurmd's entry into its mount namespace with the sandbox's enroot (--pyxis)."""
+        return self._p("etc", "enroot-ns.sh")
+
     @property
     def enter_script(self) -> str:
         return self._p("etc", "enter.sh")

@@ -35,6 +35,23 @@ DOCKER_PACKAGES: dict[str, tuple[str, ...]] = {
     "catatonit": ("catatonit",),
 }
 
+#: With --pyxis: pyxis's build (spank.h), enroot's build and runtime, a tiny test image.
+PYXIS_PACKAGES: dict[str, tuple[str, ...]] = {
+    "libslurm-dev": ("/usr/include/slurm/spank.h",),
+    "squashfs-tools": ("mksquashfs", "unsquashfs"),
+    "squashfuse": ("squashfuse",),
+    "fuse-overlayfs": ("fuse-overlayfs",),
+    "jq": ("jq",),
+    "parallel": ("parallel",),
+    "pigz": ("pigz",),
+    "zstd": ("zstd",),
+    "makeself": ("makeself",),
+    "libbsd-dev": ("/usr/include/bsd/string.h", "/usr/lib/*/libbsd.a"),
+    "busybox-static": ("/bin/busybox|/usr/bin/busybox",),
+    "make": ("make",),
+    "gcc": ("gcc",),
+}
+
 
 def _present(probe: str) -> bool:
     if probe.startswith("/"):
@@ -44,31 +61,34 @@ def _present(probe: str) -> bool:
     )
 
 
-def _table(docker: bool, root: bool, accounting: bool) -> dict[str, tuple[str, ...]]:
+def _table(docker: bool, root: bool, accounting: bool,
+           pyxis: bool = False) -> dict[str, tuple[str, ...]]:
     table = dict(ROOT_PACKAGES if root else SLURM_PACKAGES)
     if docker:
         table.update(DOCKER_PACKAGES)
     if accounting:
         table.update(ACCOUNTING_PACKAGES)
+    if pyxis:
+        table.update(PYXIS_PACKAGES)
     return table
 
 
-def required_packages(docker: bool, root: bool = False,
-                      accounting: bool = False) -> list[str]:
-    return list(_table(docker, root, accounting))
+def required_packages(docker: bool, root: bool = False, accounting: bool = False,
+                      pyxis: bool = False) -> list[str]:
+    return list(_table(docker, root, accounting, pyxis))
 
 
-def missing_packages(docker: bool, root: bool = False,
-                      accounting: bool = False) -> list[str]:
+def missing_packages(docker: bool, root: bool = False, accounting: bool = False,
+                     pyxis: bool = False) -> list[str]:
     """Packages (of those the sandbox needs) that look uninstalled."""
-    table = _table(docker, root, accounting)
+    table = _table(docker, root, accounting, pyxis)
     return [pkg for pkg, probes in table.items()
             if not all(any(_present(alt) for alt in probe.split("|")) for probe in probes)]
 
 
-def apt_command(docker: bool, root: bool = False,
-                      accounting: bool = False) -> list[str]:
-    return ["apt-get", "install", "-y", *required_packages(docker, root, accounting)]
+def apt_command(docker: bool, root: bool = False, accounting: bool = False,
+                pyxis: bool = False) -> list[str]:
+    return ["apt-get", "install", "-y", *required_packages(docker, root, accounting, pyxis)]
 
 
 def check_root() -> None:
@@ -80,12 +100,12 @@ def check_root() -> None:
 
 
 def ensure_packages(docker: bool, install: bool, root: bool = False,
-                    accounting: bool = False) -> None:
+                    accounting: bool = False, pyxis: bool = False) -> None:
     """Fail with the exact apt-get command when packages are missing, or run it if `install`."""
-    missing = missing_packages(docker, root, accounting)
+    missing = missing_packages(docker, root, accounting, pyxis)
     if not missing:
         return
-    cmd = apt_command(docker, root, accounting)
+    cmd = apt_command(docker, root, accounting, pyxis)
     if not install:
         raise SandboxError(
             f"missing packages for the Slurm sandbox: {' '.join(missing)}\n"
@@ -98,6 +118,6 @@ def ensure_packages(docker: bool, install: bool, root: bool = False,
         proc.run(cmd, env=env, timeout=1200)
     except proc.CommandError as e:
         raise SandboxError(f"installing packages failed: {e}\n{e.stderr[-2000:]}") from e
-    still = missing_packages(docker, root, accounting)
+    still = missing_packages(docker, root, accounting, pyxis)
     if still:
         raise SandboxError(f"still missing after apt-get install: {' '.join(still)}")
