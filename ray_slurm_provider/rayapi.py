@@ -186,3 +186,16 @@ def autoscaler_event(message: str) -> bool:
         return False
     adapter.warning(message)
     return True
+
+
+def use_auth(env: Mapping[str, str]) -> None:
+    """Point this process's Ray at a cluster's auth (`auth.auth_env`'s variables): set them
+    and make Ray read them again. Ray caches the mode and the token when it first reads them,
+    so a notebook that imported Ray before would otherwise connect without the token."""
+    import os
+
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ.update(env)
+    Config.initialize("")  # before the token cache, as Ray's own test helper does it
+    AuthenticationTokenLoader.instance().reset_cache()
