@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from ray_slurm_provider import SlurmCluster
+from ray_slurm_provider import SlurmCluster, rayapi
 from tests.e2e.harness import ROOT, RayCluster, wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -66,6 +66,7 @@ def test_the_python_api_runs_the_whole_cycle(sandbox: object, tmp_path: Path) ->
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        rayapi.use_auth({})  # Ray reads them again: the tests after this one share the process
         if rc.jobs():
             rc.down()
             rc.cleanup()
