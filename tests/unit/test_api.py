@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 import ray_slurm_provider
-from ray_slurm_provider.cli import api
 from ray_slurm_provider.cli.api import ClusterError, SlurmCluster
 from ray_slurm_provider.jobs import encode_tags
 from ray_slurm_provider.slurm.script import JobSpec
@@ -31,7 +30,9 @@ class Ray:
     cancels the cluster's jobs."""
 
     def __init__(self, fake: FakeSlurm, codes: dict[str, int] | None = None) -> None:
-        self.fake, self.codes, self.calls = fake, codes or {}, []  # type: list[list[str]]
+        self.fake = fake
+        self.codes = codes or {}
+        self.calls: list[list[str]] = []
         self.c: SlurmCluster | None = None
 
     def __call__(self, args: list[str], timeout: float) -> int:
@@ -81,7 +82,7 @@ def test_with_brings_the_cluster_up_and_takes_it_down(tmp_path: Path) -> None:
 def test_address_is_ray_clients_and_points_this_processes_ray_at_the_token(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     used: list[dict[str, str]] = []
-    monkeypatch.setattr(api.rayapi, "use_auth", used.append)
+    monkeypatch.setattr("ray_slurm_provider.rayapi.use_auth", used.append)
     c, _ = make(tmp_path, FakeSlurm())
     with c:
         assert c.address == "ray://127.0.0.2:24002"
@@ -180,7 +181,9 @@ class JobClient:
     """Ray's JobSubmissionClient as request_resources uses it; the job ends after `polls`."""
 
     def __init__(self, end: str = "SUCCEEDED", polls: int = 3) -> None:
-        self.end, self.polls, self.entrypoints = end, polls, []  # type: str, int, list[str]
+        self.end = end
+        self.polls = polls
+        self.entrypoints: list[str] = []
 
     def submit_job(self, *, entrypoint: str) -> str:
         self.entrypoints.append(entrypoint)
@@ -200,7 +203,7 @@ def test_request_resources_runs_rays_call_in_a_driver_on_the_head(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     client = JobClient()
-    monkeypatch.setattr(api.oneshot, "job_client", lambda *a: client)
+    monkeypatch.setattr("ray_slurm_provider.agent.oneshot.job_client", lambda *a: client)
     c, _ = make(tmp_path, FakeSlurm(), sleep=clock.advance, clock=clock)
     with c:
         c.request_resources(num_cpus=2, bundles=[{"CPU": 1, "GPU": 1}])
@@ -215,7 +218,7 @@ def test_request_resources_says_why_it_failed_or_gave_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     client = JobClient(end="FAILED")
-    monkeypatch.setattr(api.oneshot, "job_client", lambda *a: client)
+    monkeypatch.setattr("ray_slurm_provider.agent.oneshot.job_client", lambda *a: client)
     c, _ = make(tmp_path, FakeSlurm(), sleep=clock.advance, clock=clock)
     with c:
         with pytest.raises(ClusterError, match="raysubmit_1 FAILED: Traceback: boom"):
@@ -229,7 +232,7 @@ def test_the_package_exports_the_api_lazily() -> None:
     assert ray_slurm_provider.SlurmCluster is SlurmCluster
     assert ray_slurm_provider.ClusterError is ClusterError
     with pytest.raises(AttributeError):
-        _ = ray_slurm_provider.Nope  # type: ignore[attr-defined]
+        _ = ray_slurm_provider.Nope
     code = ("import sys, ray_slurm_provider; "
             "print(sorted(m for m in sys.modules if m.startswith('ray_slurm_provider.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
