@@ -13,6 +13,7 @@ import contextlib
 import copy
 import functools
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -186,3 +187,14 @@ def autoscaler_event(message: str) -> bool:
         return False
     adapter.warning(message)
     return True
+
+
+def use_auth(env: Mapping[str, str]) -> None:
+    """Point this process's Ray at a cluster's auth (`auth.auth_env`'s variables): set them
+    and make Ray read them again. Ray caches the mode and the token when it first reads them,
+    so a notebook that imported Ray before would otherwise connect without the token."""
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    os.environ.update(env)
+    Config.initialize("")  # before the token cache, as Ray's own test helper does it
+    AuthenticationTokenLoader.instance().reset_cache()

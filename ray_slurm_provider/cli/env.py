@@ -7,17 +7,24 @@ import shlex
 from typing import Any
 
 from ray_slurm_provider import auth
-from ray_slurm_provider.cli.common import CliError, config_command, load_cluster, run_command
+from ray_slurm_provider.cli.common import (
+    CliError,
+    Cluster,
+    config_command,
+    load_cluster,
+    run_command,
+)
+from ray_slurm_provider.state import HeadInfo
 
 
-def env_lines(path: str) -> list[str]:
-    """Shell lines that point Ray's client tools at the cluster (with its auth token)."""
-    cluster = load_cluster(path)
+def head_env(cluster: Cluster) -> tuple[HeadInfo, dict[str, str]]:
+    """The running head and the variables that point Ray's client tools at it (with the
+    cluster's auth token); CliError when no head is recorded."""
     pcfg, cdir = cluster.pcfg, cluster.cdir
     head = cdir.read_head()
     if not head:
         raise CliError(f"cluster {cluster.name!r} has no running head "
-                       f"({cdir.head_file} missing): run `ray up {path}` first")
+                       f"({cdir.head_file} missing): run `ray up {cluster.path}` first")
     dash = f"http://{head.ip}:{head.dashboard_port}"
     gcs = f"{head.ip}:{head.gcs_port}"
     env = {
@@ -29,6 +36,12 @@ def env_lines(path: str) -> list[str]:
         "RAY_GCS_ADDRESS": gcs,
         **auth.auth_env(pcfg.auth.mode, cdir.root / auth.TOKEN_FILE),
     }
+    return head, env
+
+
+def env_lines(path: str) -> list[str]:
+    """Shell lines that point Ray's client tools at the cluster (with its auth token)."""
+    head, env = head_env(load_cluster(path))
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append(f"# From a laptop: ssh -L 8265:{head.ip}:{head.dashboard_port} "
                  "<login node>, then open http://localhost:8265")

@@ -133,6 +133,17 @@ def ray_logs(cluster: Cluster, job: str, name: str | None) -> list[str]:
     return path.read_text(errors="replace").splitlines()
 
 
+def job_log(cluster: Cluster, job: str, waiting: bool = False) -> Path:
+    """The log file of node `job` (a gang member's is its job's), this run's or an earlier
+    one's; CliError when there is none, unless `waiting` (then this run's, to be written)."""
+    base = split(job)[0]
+    path = find_log(cluster.cdir, base)
+    if path is None and not waiting:
+        raise CliError(f"no log for job {job} (none in {cluster.cdir.logs} nor in an "
+                       "earlier run's logs/runs/*/)")
+    return path or cluster.cdir.log(base)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config)
@@ -149,11 +160,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print("\n".join(list_logs(cluster)))
             return 0
         base = split(job)[0]  # a gang's members share their job's log and Slurm job
-        path = find_log(cluster.cdir, base)
-        if path is None and not args.follow:
-            raise CliError(f"no log for job {job} (none in {cluster.cdir.logs} nor in an "
-                           "earlier run's logs/runs/*/)")
-        path = path or cluster.cdir.log(base)  # --follow waits for this run's
+        path = job_log(cluster, job, waiting=args.follow)
         if earlier_run(cluster.cdir, path):
             print(f"# job {base}: an earlier run's log ({path})", file=sys.stderr)
         if args.follow:

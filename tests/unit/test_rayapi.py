@@ -432,3 +432,27 @@ def test_v1_keeps_a_worker_while_its_internal_ip_is_the_one_its_heartbeats_carry
     monkeypatch.setattr(AddressedProvider, "ips", {"h": "10.1.2.1", "w": address})
     v1 = V1(monkeypatch, {"type": "external", "module": f"{__name__}.AddressedProvider"})
     assert v1.kept(["10.1.2.1", "10.1.2.3"]) == [60.0, kept]
+
+
+def test_use_auth_makes_ray_read_the_clusters_token_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook imports Ray (which reads the auth mode) before it learns the cluster's
+    token: use_auth makes Ray's cached mode and token follow the variables set after."""
+    from ray._raylet import AuthenticationTokenLoader, Config, get_authentication_mode
+
+    token = tmp_path / "auth_token"
+    token.write_text("t0k3n")
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    Config.initialize("")
+    try:
+        off = get_authentication_mode()
+        rayapi.use_auth({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+        assert get_authentication_mode() != off
+        headers = AuthenticationTokenLoader.instance().get_token_for_http_header()
+        assert "t0k3n" in str(headers)
+    finally:
+        monkeypatch.undo()
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
