@@ -6,6 +6,7 @@ Kept apart from agent.py so the agent reads the same with or without a container
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import re
 import sys
@@ -54,7 +55,51 @@ def slurm_mounts(env: Mapping[str, str]) -> tuple[str, ...]:
     mounts = [f"{conf_dir}:{conf_dir}:ro"]
     if sock_dir != conf_dir and not sock_dir.startswith(conf_dir + "/"):
         mounts.append(f"{sock_dir}:{sock_dir}")
+    mounts += [f"{p}:{p}:ro" for p in spank_files(Path(conf))
+               if not p.startswith(conf_dir + "/")]
     return tuple(mounts)
+
+
+#: How deep plugstack.conf's `include`s are followed (a loop ends there too).
+_MAX_INCLUDE_DEPTH = 8
+
+
+def spank_files(conf: Path) -> list[str]:
+    """The SPANK stack the Slurm commands load (pyxis, say): slurm.conf's PlugStackConfig
+    (default plugstack.conf beside it), the files it includes, and the plugins they name by
+    absolute path, those that exist. sbatch inside a container loads them too, and a
+    `required` plugin it cannot open stops it. A relative plugin is found in PluginDir."""
+    stack = conf.parent / "plugstack.conf"
+    try:
+        m = re.search(r"^\s*PlugStackConfig\s*=\s*(\S+)", conf.read_text(),
+                      re.MULTILINE | re.IGNORECASE)
+    except OSError:
+        return []
+    if m:
+        stack = conf.parent / m.group(1)  # an absolute value replaces the dir
+    found: list[str] = []
+    _read_stack(stack, found, 0)
+    return found
+
+
+def _read_stack(path: Path, found: list[str], depth: int) -> None:
+    if depth > _MAX_INCLUDE_DEPTH or str(path) in found:
+        return
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return
+    found.append(str(path))
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if len(words) < 2:
+            continue
+        if words[0] in ("required", "optional") and words[1].startswith("/"):
+            if Path(words[1]).is_file() and words[1] not in found:
+                found.append(words[1])
+        elif words[0] == "include":
+            for name in sorted(glob.glob(str(path.parent / words[1]))):
+                _read_stack(Path(name), found, depth + 1)
 
 
 def python_mounts() -> tuple[str, ...]:

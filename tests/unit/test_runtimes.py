@@ -235,3 +235,34 @@ def test_two_members_of_a_gang_on_one_daemon_never_collide(runtime: str) -> None
     nc._run = run  # type: ignore[method-assign]
     nc.sweep(lambda: {"1000"})
     assert nc.ctx.name == "rsp-c1-1000.0" and removed == []
+
+
+def test_the_spank_plugins_slurm_loads_are_bound_into_a_slurm_head(tmp_path: Path) -> None:
+    """On a Pyxis site sbatch loads plugstack.conf's plugins; inside the head's container a
+    `required` one it cannot open stops it (seen live on the sandbox: `plugin_load_from_file:
+    dlopen(.../spank_pyxis.so): No such file or directory`, no worker started)."""
+    etc, lib, opt = tmp_path / "etc", tmp_path / "lib", tmp_path / "opt"
+    for d in (etc / "plugstack.conf.d", lib, opt):
+        d.mkdir(parents=True)
+    pyxis, other = lib / "spank_pyxis.so", opt / "spank_other.so"
+    pyxis.write_bytes(b"\x7fELF")
+    other.write_bytes(b"\x7fELF")
+    conf = etc / "slurm.conf"
+    conf.write_text("AuthType=auth/munge\n")
+    (etc / "plugstack.conf").write_text("include plugstack.conf.d/*.conf\n")
+    (etc / "plugstack.conf.d" / "pyxis.conf").write_text(
+        f"required {pyxis} runtime_path=/run/pyxis  # NVIDIA's\n"
+        "optional relative.so  # in PluginDir, the image's\n"
+        f"optional {lib}/gone.so\n")
+    (opt / "stack.conf").write_text(f"include {etc}/plugstack.conf\noptional {other}\n"
+                                    f"include {opt}/stack.conf  # a loop\n")
+    assert slurm_mounts({"SLURM_CONF": str(conf)}) == (
+        f"{etc}:{etc}:ro", "/run/munge:/run/munge", f"{pyxis}:{pyxis}:ro")
+    conf.write_text(f"PlugStackConfig={opt}/stack.conf\n")  # a stack outside the conf dir
+    assert slurm_mounts({"SLURM_CONF": str(conf)}) == (
+        f"{etc}:{etc}:ro", "/run/munge:/run/munge", f"{opt}/stack.conf:{opt}/stack.conf:ro",
+        f"{pyxis}:{pyxis}:ro", f"{other}:{other}:ro")
+    conf.write_text("")
+    (etc / "plugstack.conf").unlink()  # no stack at all: nothing more
+    assert slurm_mounts({"SLURM_CONF": str(conf)}) == (
+        f"{etc}:{etc}:ro", "/run/munge:/run/munge")
