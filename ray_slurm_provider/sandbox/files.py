@@ -130,6 +130,7 @@ def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
     _mkdir(layout.pyxis_runtime_dir, 0o1777)
     _write_if_changed(os.path.join(layout.enroot_bin_dir, "enroot"),
                       pyxis.render_wrapper(layout, build), 0o755)
+    _mkdir(os.path.dirname(layout.pyxis_plugin), 0o755)
     with open(build.plugin, "rb") as f:
         _write_bytes_if_changed(layout.pyxis_plugin, f.read(), 0o755)
     _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout), 0o644)

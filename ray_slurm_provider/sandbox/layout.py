@@ -6,7 +6,7 @@
             munge/  ctld/ (StateSaveLocation, jwt key)  spool/<node>/  run/  log/
             fakegpu/<node>/nvidiaK -> /dev/null     docker/ (socket, data, exec)
             users.json  home/<user>/ (0700)  shared/ (0755)      with --users N
-            etc/plugstack.conf spank_pyxis.so enroot-ns.sh  enroot/bin/enroot  pyxis/ (runtime)
+            etc/plugstack.conf enroot-ns.sh  lib/spank_pyxis.so  enroot/bin/enroot  pyxis/ (runtime)
             enroot/local/{run,cache,data}/<user>/  the login node's enroot storage; in each
             enroot/nodes/<node>/...                slurmd's namespace, bound over local/
                                                                  (all with --pyxis)
@@ -139,9 +139,9 @@ class Layout:
 
     @property
     def pyxis_plugin(self) -> str:
-        """A copy of the cached pyxis plugin: etc/ is bound into the Ray nodes' containers,
-        whose sbatch loads every plugin plugstack.conf names (with --pyxis)."""
-        return self._p("etc", "spank_pyxis.so")
+        """The state dir's copy of the cached pyxis plugin (with --pyxis), outside etc/ as a
+        site's is: a Ray node's container gets it only as the agent binds the SPANK stack."""
+        return self._p("lib", "spank_pyxis.so")
 
     @property
     def node_entry_script(self) -> str:

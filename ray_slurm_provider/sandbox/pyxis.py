@@ -19,9 +19,9 @@ Findings on this machine (testbed.md, "Enroot and Pyxis, live") that shaped the 
   Each slurmd therefore runs in its own mount namespace where /usr/local/bin is a
   read-only overlay of the host's /usr/local/bin and the wrapper; the host is untouched.
 - Every Slurm client loads the plugins plugstack.conf names, also sbatch inside a Ray
-  node's container, which sees the state dir's etc/ but not the cache ("sbatch: error:
-  plugin_load_from_file: dlopen(...spank_pyxis.so) ... No such file or directory", and no
-  worker starts): the sandbox runs a copy of the plugin from etc/.
+  node's container ("sbatch: error: plugin_load_from_file: dlopen(...spank_pyxis.so) ...
+  No such file or directory", and no worker starts, before the agent bound the SPANK stack:
+  agent/container.py). The sandbox keeps its copy in lib/, outside etc/, as a site would.
 - Enroot's storage is node-local at a site; the sandbox's nodes share one disk. In each
   slurmd's namespace the node's own dir is bound over ``enroot/local``, so two nodes of one
   job can hold containers of the same name (pyxis names them ``pyxis_<job>_<name>``).

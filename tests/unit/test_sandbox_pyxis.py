@@ -184,7 +184,7 @@ def test_plugstack_names_the_state_dirs_plugin_and_the_runtime_dir() -> None:
     """The copy in etc/, which the Ray nodes' containers see (their sbatch loads it)."""
     text = pyxis.render_plugstack(LAYOUT)
     assert text.splitlines()[-1] == (
-        "required /tmp/rsp-unit/etc/spank_pyxis.so "
+        "required /tmp/rsp-unit/lib/spank_pyxis.so "
         "runtime_path=/tmp/rsp-unit/pyxis container_scope=job")
 
 
