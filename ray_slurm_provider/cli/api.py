@@ -74,7 +74,9 @@ class SlurmCluster:
             #: The loaded config, as the `ray-slurm` commands see it.
             self.cluster: Cluster = load_cluster(self.path, starts=True)
         self.reuse = reuse
-        self._ray, self._sleep, self._clock = ray, sleep, clock
+        self._ray = ray
+        self._sleep = sleep
+        self._clock = clock
         #: Whether this object brought the cluster up (and so takes it down on exit).
         self.created = False
 

@@ -195,8 +195,13 @@ class Runner:
                  client: Callable[[Cluster], Any] = connect,
                  sleep: Callable[[float], None] = time.sleep,
                  out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
-        self.cluster, self.plan = cluster, p
-        self.ray, self.client, self.sleep, self.out, self.err = ray, client, sleep, out, err
+        self.cluster = cluster
+        self.plan = p
+        self.ray = ray
+        self.client = client
+        self.sleep = sleep
+        self.out = out
+        self.err = err
         self.job_id: str | None = None
         self.head: str | None = None
 

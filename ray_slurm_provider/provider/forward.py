@@ -29,7 +29,8 @@ class Forwarder:
     """Relay 127.0.0.1:local -> host:remote until stopped."""
 
     def __init__(self, local_port: int, host: str, remote_port: int) -> None:
-        self.host, self.remote_port = host, remote_port
+        self.host = host
+        self.remote_port = remote_port
         self.sock = socket.create_server(("127.0.0.1", local_port), reuse_port=False)
         self.local_port = self.sock.getsockname()[1]
         self._stop = threading.Event()
