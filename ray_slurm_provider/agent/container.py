@@ -46,16 +46,16 @@ def slurm_mounts(env: Mapping[str, str]) -> tuple[str, ...]:
     conf_dir = str(Path(conf).parent)
     sock_dir = "/run/munge"
     try:
-        m = re.search(r"^\s*AuthInfo\s*=.*\bsocket=([^,\s]+)", Path(conf).read_text(),
-                      re.MULTILINE | re.IGNORECASE)
-        if m:
-            sock_dir = str(Path(m.group(1)).parent)
+        text = Path(conf).read_text()
     except OSError:
-        pass
+        text = ""
+    m = re.search(r"^\s*AuthInfo\s*=.*\bsocket=([^,\s]+)", text, re.MULTILINE | re.IGNORECASE)
+    if m:
+        sock_dir = str(Path(m.group(1)).parent)
     mounts = [f"{conf_dir}:{conf_dir}:ro"]
     if sock_dir != conf_dir and not sock_dir.startswith(conf_dir + "/"):
         mounts.append(f"{sock_dir}:{sock_dir}")
-    mounts += [f"{p}:{p}:ro" for p in spank_files(Path(conf))
+    mounts += [f"{p}:{p}:ro" for p in spank_files(Path(conf), text)
                if not p.startswith(conf_dir + "/")]
     return tuple(mounts)
 
@@ -64,17 +64,14 @@ def slurm_mounts(env: Mapping[str, str]) -> tuple[str, ...]:
 _MAX_INCLUDE_DEPTH = 8
 
 
-def spank_files(conf: Path) -> list[str]:
-    """The SPANK stack the Slurm commands load (pyxis, say): slurm.conf's PlugStackConfig
-    (default plugstack.conf beside it), the files it includes, and the plugins they name by
-    absolute path, those that exist. sbatch inside a container loads them too, and a
-    `required` plugin it cannot open stops it. A relative plugin is found in PluginDir."""
+def spank_files(conf: Path, text: str) -> list[str]:
+    """The SPANK stack the Slurm commands load (pyxis, say), from slurm.conf `conf`'s `text`:
+    its PlugStackConfig (default plugstack.conf beside it), the files that includes, and the
+    plugins they name by absolute path, those that exist. sbatch inside a container loads
+    them too, and a `required` plugin it cannot open stops it. A relative plugin is found in
+    PluginDir."""
     stack = conf.parent / "plugstack.conf"
-    try:
-        m = re.search(r"^\s*PlugStackConfig\s*=\s*(\S+)", conf.read_text(),
-                      re.MULTILINE | re.IGNORECASE)
-    except OSError:
-        return []
+    m = re.search(r"^\s*PlugStackConfig\s*=\s*(\S+)", text, re.MULTILINE | re.IGNORECASE)
     if m:
         stack = conf.parent / m.group(1)  # an absolute value replaces the dir
     found: list[str] = []

@@ -115,14 +115,14 @@ def client_env(layout: Layout) -> dict[str, str]:
                                  "PATH": ":".join([*first, path, *_SBIN])})
 
 
-def daemon_env(name: str, layout: Layout) -> dict[str, str]:
+def daemon_env(name: str, layout: Layout, pyxis: bool = False) -> dict[str, str]:
     """A daemon's environment: no SLURM_*/DOCKER_* from the caller, our SLURM_CONF, the owner
     marker; ``SLURM_JWT=daemon`` only for slurmrestd."""
     env = client_env(layout)
     for key in [k for k in env if k.startswith("DOCKER_")]:
         del env[key]
     env[OWNER_ENV] = layout.root
-    if name.startswith("slurmd:") and os.path.isdir(layout.enroot_bin_dir):
+    if pyxis and name.startswith("slurmd:"):
         # Pyxis runs `enroot` from slurmstepd's PATH, which is slurmd's (with --pyxis).
         env["PATH"] = ":".join([layout.enroot_bin_dir, env["PATH"]])
     if name == "slurmrestd":
@@ -140,7 +140,7 @@ def start(name: str, layout: Layout, spec: SandboxSpec, registry: Registry) -> E
                 f.write("{}\n")
     _check_port_free(name, spec)
     spawn = spawn_argv(name, layout, spec, argv)
-    pid = proc.spawn(spawn, env=daemon_env(name, layout), log_path=layout.log(name))
+    pid = proc.spawn(spawn, env=daemon_env(name, layout, spec.pyxis), log_path=layout.log(name))
     entry = Entry(pid, tuple(argv))
     registry.record(name, entry)
     if spawn is not argv:

@@ -29,25 +29,16 @@ def _write(path: str, text: str | bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _write_if_changed(path: str, text: str, mode: int) -> None:
+def _write_if_changed(path: str, content: str | bytes, mode: int) -> None:
+    data = content.encode() if isinstance(content, str) else content
     try:
-        with open(path) as f:
-            if f.read() == text:
+        with open(path, "rb") as f:
+            if f.read() == data:
                 os.chmod(path, mode)
                 return
     except FileNotFoundError:
         pass
-    _write(path, text, mode)
-
-
-def _write_bytes_if_changed(path: str, data: bytes, mode: int) -> None:
-    try:
-        with open(path, "rb") as f:
-            if f.read() == data:
-                return
-    except FileNotFoundError:
-        pass
-    _write(path, data, mode)
+    _write(path, content, mode)
 
 
 def _mkdir(path: str, mode: int) -> None:
@@ -132,7 +123,7 @@ def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
                       pyxis.render_wrapper(layout, build), 0o755)
     _mkdir(os.path.dirname(layout.pyxis_plugin), 0o755)
     with open(build.plugin, "rb") as f:
-        _write_bytes_if_changed(layout.pyxis_plugin, f.read(), 0o755)
+        _write_if_changed(layout.pyxis_plugin, f.read(), 0o755)
     _write_if_changed(layout.plugstack_conf, pyxis.render_plugstack(layout), 0o644)
     _write_if_changed(layout.node_entry_script, pyxis.render_node_entry(layout), 0o755)
 

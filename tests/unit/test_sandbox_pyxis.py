@@ -240,10 +240,10 @@ def test_slurmd_finds_enroot_first_on_its_path(tmp_path: Path) -> None:
     layout = Layout(str(tmp_path / "state"))
     assert not daemons.daemon_env("slurmd:n1", layout)["PATH"].startswith(
         layout.enroot_bin_dir)
-    os.makedirs(layout.enroot_bin_dir)
-    assert daemons.daemon_env("slurmd:n1", layout)["PATH"].startswith(
+    assert daemons.daemon_env("slurmd:n1", layout, pyxis=True)["PATH"].startswith(
         layout.enroot_bin_dir + ":")
-    assert layout.enroot_bin_dir not in daemons.daemon_env("slurmctld", layout)["PATH"]
+    assert layout.enroot_bin_dir not in daemons.daemon_env("slurmctld", layout,
+                                                           pyxis=True)["PATH"]
 
 
 def test_env_sh_puts_the_sandbox_enroot_first() -> None:
@@ -287,9 +287,9 @@ def test_slurmd_enters_a_namespace_where_the_epilog_finds_enroot(tmp_path: Path)
     mount namespace."""
     layout = Layout("/tmp/rsp-unit")
     script = pyxis.render_node_entry(layout)
-    assert ("mount -t overlay rsp-enroot -o 'lowerdir=/tmp/rsp-unit/enroot/bin:/usr/local/bin'"
+    assert ("mount -t overlay rsp-enroot -o lowerdir=/tmp/rsp-unit/enroot/bin:/usr/local/bin"
             " /usr/local/bin") in script
-    assert """mount --bind '/tmp/rsp-unit/enroot/nodes'/"$node" '/tmp/rsp-unit/enroot/local'""" \
+    assert """mount --bind /tmp/rsp-unit/enroot/nodes/"$node" /tmp/rsp-unit/enroot/local""" \
         in script
     path = tmp_path / "enroot-ns.sh"
     path.write_text(script)
