@@ -3,12 +3,13 @@
 # real local Slurm sandboxes (needs root), in phases:
 #   1. Slurm 22.05 (the host's), docker + podman, enroot + pyxis, two users: the whole suite
 #      but accounting (--pyxis builds enroot and pyxis once into the cache, from the tarballs
-#      in $RAY_SLURM_VENDOR_DIR, default ../shared/vendor)
+#      in $RAY_SLURM_VENDOR_DIR, default ../shared/vendor); the unit tests run while its
+#      sandbox comes up
 #   2. Slurm 24.11 and 26.05 (Debian roots, built once into the cache): the Slurm
 #      integration suites (CLI and REST) and the core `ray up` lifecycle; on 26.05 also
 #      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
-# Extra arguments go to pytest in every phase.
+# Extra arguments go to pytest in every phase (and to phase 1's unit run).
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
 #                          use it with a suffix)
 #   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandboxes' ports (to run beside another sandbox;
@@ -70,10 +71,20 @@ phase() (
 
 for p in $PHASES; do
   case "$p" in
-    1) # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
+    1) # The unit tests need no sandbox: they run while phase 1's sandbox comes up (mostly
+       # waiting on apt, image builds and daemons), their output shown after the phase.
+       unit_log="$(mktemp)"
+       "${PYTEST[@]}" -m 'not gpu' tests/unit "$@" >"$unit_log" 2>&1 &
+       unit_pid=$!
+       # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
        phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --port-offset $OFFSET" \
-         -m 'not gpu and not accounting and not apptainer' tests/ "$@" || FAILED+=("$name") ;;
+         -m 'not gpu and not accounting and not apptainer' --ignore=tests/unit tests/ "$@" \
+         || FAILED+=("$name")
+       echo "== pytest (unit tests, run while phase 1's sandbox came up)"
+       cat "$unit_log"
+       rm -f "$unit_log"
+       wait "$unit_pid" || FAILED+=("unit tests") ;;
     2) phase "Slurm 24.11" "$MAIN_DIR-24.11" "--slurm 24.11 --port-offset $((OFFSET + 100))" \
          -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 24.11")
        # 26.05's root packages Apptainer, which runs as an ordinary user: one sandbox user.
