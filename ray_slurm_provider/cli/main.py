@@ -41,12 +41,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line. Options may sit between a command's positionals
+    (`logs CFG --run ID head`): argparse alone ends the positionals at the first option when
+    the last one is optional, so such a command is parsed again, intermixed."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = parser.parse_known_args(argv)
+    command = getattr(args, "command", None)
+    if not extra or command not in argv:
+        return parser.parse_args(argv)  # prints the usual error for what is left over
+    sub = _subparser(parser, command)
+    if sub is None or any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+        return parser.parse_args(argv)  # intermixed parsing cannot have subcommands
+    at = argv.index(command)
+    again = sub.parse_intermixed_args(argv[at + 1:])
+    return argparse.Namespace(**{**vars(args), **vars(again)})
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser | None = action.choices.get(command)
+            return found
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         return int(func(args))
