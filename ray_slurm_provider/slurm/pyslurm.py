@@ -37,6 +37,7 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+from ray_slurm_provider import proc
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import (
     LIST_STATES,
@@ -46,6 +47,7 @@ from ray_slurm_provider.slurm.client import (
     Node,
     PermanentSlurmError,
     SlurmError,
+    TransientSlurmError,
     classify,
     is_job_gone,
     job_environment,
@@ -93,9 +95,11 @@ class PyslurmSlurmClient:
     # --- loading --------------------------------------------------------------------------
 
     def lib(self) -> Any:
-        """pyslurm, imported on first use; PermanentSlurmError when missing or broken."""
+        """pyslurm, imported on first use (after a child process imported it: see
+        `probe_import`); PermanentSlurmError when missing or broken."""
         with self._lock:
             if self._mod is None:
+                probe_import()
                 try:
                     self._mod = importlib.import_module("pyslurm")
                 except ModuleNotFoundError as e:
@@ -220,6 +224,35 @@ class PyslurmSlurmClient:
 
 
 _ENV_LOCK = threading.Lock()
+PROBE_TIMEOUT_S = 60.0
+
+
+def probe_import() -> None:
+    """Import pyslurm in a child process first: ``import pyslurm`` reads the Slurm
+    configuration at once and, when it finds none, exits the process ("Could not establish a
+    configuration source": measured with pyslurm 25.11.2), which must never be the
+    autoscaler's. The child's failure becomes a SlurmError in Slurm's words."""
+    argv = [sys.executable, "-c", "import pyslurm"]
+    try:
+        res = proc.run(argv, timeout=PROBE_TIMEOUT_S, check=False)
+    except proc.CommandError as e:
+        raise TransientSlurmError(f"import pyslurm in a child process: {e}",
+                                  command="pyslurm") from e
+    if res.returncode == 0:
+        return
+    text = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}")
+    last = text.splitlines()[-1]
+    if "No module named 'pyslurm'" in text:
+        raise PermanentSlurmError(f"provider.slurm_api is pyslurm but pyslurm is not "
+                                  f"installed ({last}); {INSTALL_HINT}", command="pyslurm")
+    if "ImportError" in text or "OSError" in text:
+        raise PermanentSlurmError(
+            f"pyslurm is installed but cannot load against this machine's libslurm ({last}); "
+            f"it was built for another Slurm release. {INSTALL_HINT}", command="pyslurm")
+    err = classify(f"import pyslurm exits the process: {text[-1000:]} (it reads the Slurm "
+                   "configuration on import: is SLURM_CONF or /etc/slurm/slurm.conf there?)",
+                   "pyslurm")
+    raise err
 
 
 @contextlib.contextmanager

@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ray_slurm_provider.config import parse_provider
+from ray_slurm_provider.slurm import pyslurm as pyslurm_backend
 from ray_slurm_provider.slurm.client import (
     PermanentSlurmError,
     SlurmClient,
@@ -46,6 +48,7 @@ def test_missing_pyslurm_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
         return real(name, *a)
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
+    monkeypatch.setattr(pyslurm_backend, "probe_import", lambda: None)
     with pytest.raises(PermanentSlurmError, match=r"not installed.*works only with Slurm X\.Y"):
         PyslurmSlurmClient().list_jobs("x")
 
@@ -55,8 +58,31 @@ def test_pyslurm_built_for_another_libslurm(monkeypatch: pytest.MonkeyPatch) -> 
         raise ImportError("libslurmfull.so: cannot open shared object file")
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
+    monkeypatch.setattr(pyslurm_backend, "probe_import", lambda: None)
     with pytest.raises(PermanentSlurmError, match="cannot load against this machine's libslurm"):
         PyslurmSlurmClient().cluster_info()
+
+
+@pytest.mark.parametrize(("child", "error", "words"), [
+    ("echo 'slurm_load_ctl_conf: Could not establish a configuration source' >&2; exit 1",
+     PermanentSlurmError, r"exits the process: .*configuration source.*SLURM_CONF"),
+    ("echo \"ModuleNotFoundError: No module named 'pyslurm'\" >&2; exit 1",
+     PermanentSlurmError, r"not installed"),
+    ("echo 'ImportError: libslurm.so.44: cannot open shared object file' >&2; exit 1",
+     PermanentSlurmError, r"cannot load against this machine's libslurm"),
+])
+def test_pyslurm_is_imported_in_a_child_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              child: str, error: type, words: str) -> None:
+    """`import pyslurm` exits the process when it finds no Slurm config (measured on 25.11):
+    a child imports it first, and its failure is an error, never the caller's exit."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\n{child}\n")
+    fake_python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake_python))
+    with pytest.raises(error, match=words):
+        PyslurmSlurmClient().cluster_info()
+    fake_python.write_text("#!/bin/sh\nexit 0\n")
+    pyslurm_backend.probe_import()  # a child that imports it: nothing to say
 
 
 def test_release_mismatch_is_refused() -> None:
