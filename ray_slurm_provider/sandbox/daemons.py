@@ -95,9 +95,10 @@ def argv_for(name: str, layout: Layout, spec: SandboxSpec) -> list[str]:
         # version their data parsers know.
         plugin = ("openapi/slurmctld" if spec.slurm != roots.HOST_RELEASE
                   else f"openapi/{roots.rest_version(spec.slurm)}")
-        # 26.05 cannot resolve the name "nobody" ("Unable to resolve user"); its ids work.
-        user = ["-u", "65534", "-g", "65534"] if spec.in_root else ["-u", "nobody", "-g",
-                                                                    _nogroup()]
+        # 25.11 and 26.05 cannot resolve the name "nobody" ("fatal: Unable to resolve user:
+        # nobody"); its ids work.
+        user = (["-u", "65534", "-g", "65534"] if spec.slurm != roots.HOST_RELEASE
+                else ["-u", "nobody", "-g", _nogroup()])
         return [_binary("slurmrestd", spec), "-f", conf, *user,
                 "-a", "rest_auth/jwt", "-s", plugin, f"{config.REST_HOST}:{spec.rest_port}"]
     if name == "dockerd" and spec.docker:

@@ -37,7 +37,7 @@ VERSIONS = roots.SOURCE
 MARKER = ".built"
 BUILD_TIMEOUT_S = 1800
 LOCK_TIMEOUT_S = 2 * BUILD_TIMEOUT_S
-CONFIGURE_ARGS = ("--disable-debug", "--without-hdf5", "--without-rrdtool")
+CONFIGURE_ARGS = ("--disable-debug", "--without-hdf5")
 #: Installed daemons the sandbox runs (the clients come from bin/).
 DAEMONS = ("slurmctld", "slurmd", "slurmrestd", "slurmdbd", "slurmstepd")
 
@@ -144,7 +144,10 @@ def _check_installed(install: Install, staged: str) -> None:
     if missing:
         raise SandboxError(f"Slurm {install.version} installed without {', '.join(missing)} "
                            f"(a missing build dependency? see {install.log})")
-    env = proc.clean_env(extra={"LD_LIBRARY_PATH": os.path.join(staged, "lib")})
+    # Its rpath names the final prefix, not yet there: libslurm and libslurmfull (in
+    # lib/slurm) come from the staged copy.
+    libs = [os.path.join(staged, "lib"), os.path.join(staged, "lib", "slurm")]
+    env = proc.clean_env(extra={"LD_LIBRARY_PATH": ":".join(libs)})
     try:
         res = proc.run([os.path.join(staged, "sbin", "slurmctld"), "-V"], env=env, timeout=60)
     except proc.CommandError as e:
