@@ -107,6 +107,7 @@ def test_the_release_s_daemons_and_clients(cache: Path, tmp_path: Path) -> None:
     assert daemons.argv_for("slurmd:n1", layout, spec)[0] == install.sbin("slurmd")
     rest = daemons.argv_for("slurmrestd", layout, spec)
     assert rest[0] == install.sbin("slurmrestd") and "openapi/slurmctld" in rest
+    assert rest[rest.index("-u") + 1] == "65534"  # 25.11 cannot resolve the name nobody
     assert daemons.argv_for("munged", layout, spec)[0].endswith("munged")  # the host's
 
 
