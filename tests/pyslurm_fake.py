@@ -65,14 +65,14 @@ class FakeNode:
     real_memory: int = 4000
     configured_gres: dict[str, int] = field(default_factory=lambda: {"gpu": 2})
     partitions: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
-    version: str = "22.05.8"
+    slurm_version: str = "22.05.8"
 
 
 @dataclass
 class FakePartition:
     name: str
     nodes: str = "n[1-3]"
-    max_time_limit: int | str = "UNLIMITED"
+    max_time: int | str = "UNLIMITED"
     default_time: int | str = "UNLIMITED"
     is_default: bool = False
     state: str = "UP"

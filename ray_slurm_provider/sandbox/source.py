@@ -37,7 +37,12 @@ VERSIONS = roots.SOURCE
 MARKER = ".built"
 BUILD_TIMEOUT_S = 1800
 LOCK_TIMEOUT_S = 2 * BUILD_TIMEOUT_S
-CONFIGURE_ARGS = ("--disable-debug", "--without-hdf5")
+#: --enable-multiple-slurmd: the sandbox runs all its slurmd on one host (as Debian's packages
+#: are built). Without it 25.11 keeps one node per NodeHostname in its address table
+#: ("Duplicated NodeHostName localhost"): the first start works, as each slurmd registers
+#: itself, but a restarted slurmctld cannot reach the others ("_fwd_tree_get_addr: can't find
+#: address for host n2") and they stay "unk*".
+CONFIGURE_ARGS = ("--disable-debug", "--without-hdf5", "--enable-multiple-slurmd")
 #: Installed daemons the sandbox runs (the clients come from bin/).
 DAEMONS = ("slurmctld", "slurmd", "slurmrestd", "slurmdbd", "slurmstepd")
 
@@ -91,7 +96,17 @@ class Install:
         return os.path.join(self.cache, f"slurm-{self.version}.log")
 
     def built(self) -> bool:
-        return os.path.exists(os.path.join(self.prefix, MARKER))
+        """The marker is there and names this build's configure options (an install made
+        with others is rebuilt)."""
+        try:
+            with open(os.path.join(self.prefix, MARKER)) as f:
+                return f.readline().strip() == build_id(self.version)
+        except OSError:
+            return False
+
+
+def build_id(version: str) -> str:
+    return " ".join([version, *CONFIGURE_ARGS])
 
 
 def install_for(release: str) -> Install:
@@ -132,7 +147,7 @@ def _build(install: Install, tar_path: str) -> None:
         staged = dest + install.prefix
         _check_installed(install, staged)
         with open(os.path.join(staged, MARKER), "w") as f:
-            f.write(f"{install.version} built in {time.monotonic() - t0:.0f}s\n")
+            f.write(f"{build_id(install.version)}\nbuilt in {time.monotonic() - t0:.0f}s\n")
         shutil.rmtree(install.prefix, ignore_errors=True)  # an unmarked leftover
         os.replace(staged, install.prefix)
     _log(install, ["# built"], f"in {time.monotonic() - t0:.0f}s")

@@ -13,9 +13,11 @@ The pyslurm API used (pyslurm >= 23.2 "core" API): `__version__`, `RPCError`,
 allocated_nodes, batch_host, time_limit [min], run_time_remaining [s], submit_time,
 start_time [epoch], partition, comment), `Job(id).cancel()`, `Nodes.load().values()` (Node:
 name, address, state, total_cpus, real_memory, configured_gres {name: count}, partitions,
-version), `Partitions.load().values()` (Partition: name, nodes, max_time_limit,
-default_time [min or "UNLIMITED"], is_default, state). This was tested against a recorded
-fake of that surface only: no pyslurm builds against the sandbox's Slurm 22.05 here.
+slurm_version), `Partitions.load().values()` (Partition: name, nodes, max_time,
+default_time [min or "UNLIMITED"], is_default, state). Checked against pyslurm 25.11.2 on the
+sandbox's Slurm 25.11.7 (`sandbox up --slurm 25.11 --pyslurm`; tests/fixtures/pyslurm-25.11/):
+a Node's release is `slurm_version` and a Partition's limit `max_time` there (the fake had
+`version` and `max_time_limit`, which 25.11.2 does not have).
 
 A job is submitted from the JobSpec's fields, like the REST back end's: slurmctld reads no
 `#SBATCH` lines, and pyslurm's own `load_sbatch_options` reads them only from a script FILE
@@ -125,7 +127,7 @@ class PyslurmSlurmClient:
         if self._checked:
             return
         ours = major_minor(str(getattr(self.lib(), "__version__", "")))
-        theirs = {major_minor(str(getattr(n, "version", "") or "")) for n in nodes} - {""}
+        theirs = {major_minor(_node_release(n)) for n in nodes} - {""}
         if ours and theirs and ours not in theirs:
             raise PermanentSlurmError(
                 f"pyslurm {self.lib().__version__} is for Slurm {ours}, but this cluster runs "
@@ -194,7 +196,7 @@ class PyslurmSlurmClient:
         parts = self._call("listing partitions", lib.Partitions.load)
         out = tuple(rest_parse.build_partition(
             str(p.name), str(p.nodes or ""), nodes,
-            max_time_s=_minutes(p.max_time_limit), default_time_s=_minutes(p.default_time),
+            max_time_s=_minutes(p.max_time), default_time_s=_minutes(p.default_time),
             default=bool(p.is_default), state=str(p.state or "UP")) for p in parts.values())
         return ClusterInfo(self._release, out)
 
@@ -209,7 +211,7 @@ class PyslurmSlurmClient:
         lib = self.lib()
         raw = list(self._call("listing nodes", lib.Nodes.load).values())
         self._check_version(raw)
-        self._release = next((str(n.version) for n in raw if getattr(n, "version", None)), "")
+        self._release = next((r for r in map(_node_release, raw) if r), "")
         nodes = []
         for n in raw:
             gres = n.configured_gres or {}
@@ -315,6 +317,11 @@ def _unsupported(option: str, why: str) -> PermanentSlurmError:
         f"#SBATCH {option}: {why}; slurmctld does not read #SBATCH lines, so the pyslurm back "
         "end sets each option itself and cannot set this one. Drop it from the node config or "
         "use provider.slurm_api: cli", command="pyslurm")
+
+
+def _node_release(node: Any) -> str:
+    """The node's slurmd release: `slurm_version` (pyslurm 25.11), `version` before."""
+    return str(getattr(node, "slurm_version", None) or getattr(node, "version", None) or "")
 
 
 def _minutes(value: Any) -> int | None:

@@ -144,7 +144,7 @@ def test_cluster_info_matches_the_sandbox(mod: Any) -> None:
     assert cpu is not None and gpu is not None and info.partition(None) == cpu
     assert gpu.gpus_per_node == 2 and cpu.max_time_s is None
     assert {n.addr for n in cpu.nodes} == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
-    mod.state["parts"][0].max_time_limit = 120
+    mod.state["parts"][0].max_time = 120
     assert PyslurmSlurmClient(module=mod).cluster_info().partitions[0].max_time_s == 7200
 
 

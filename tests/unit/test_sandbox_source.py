@@ -81,6 +81,11 @@ def test_built_once_into_the_cache(cache: Path, tmp_path: Path) -> None:
     assert sorted(os.listdir(cache / "slurm")) == ["25.11.7"]  # no temporary dir left
     source.ensure_built(source.install_for("25.11"))
     assert (tmp_path / "count").read_text() == "configured\n"  # the second found the first
+    marker = Path(install.prefix) / source.MARKER
+    marker.write_text("25.11.7 --disable-debug\n")  # made with other configure options
+    assert not install.built()
+    source.ensure_built(source.install_for("25.11"))
+    assert (tmp_path / "count").read_text() == "configured\n" * 2
 
 
 def test_a_failed_build_leaves_nothing(cache: Path, tmp_path: Path,
