@@ -226,7 +226,8 @@ class PyslurmSlurmClient:
 
 
 _ENV_LOCK = threading.Lock()
-PROBE_TIMEOUT_S = 60.0
+#: Slurm retries a SLURM_CONF that names a missing file for 60 s before it exits.
+PROBE_TIMEOUT_S = 90.0
 
 
 def probe_import() -> None:
