@@ -215,3 +215,21 @@ def test_pyslurm_says_how_a_job_ended_as_the_cli_does(monkeypatch: pytest.Monkey
     assert end is not None and end.state == "FAILED"
     with pytest.raises(NoAccounting):
         client.ended_job("8")
+
+
+def test_the_fake_has_the_real_pyslurm_s_names() -> None:
+    """The fake's classes and JobSubmitDescription's attributes against pyslurm 25.11.2 built
+    on the sandbox's Slurm 25.11.7 (tests/fixtures/pyslurm-25.11/attributes.json): every
+    name the fake offers is real, and the back end's `pyenviron` hook is there."""
+    import dataclasses
+    import json
+
+    real = json.loads((Path(__file__).parent.parent / "fixtures" / "pyslurm-25.11" /
+                       "attributes.json").read_text())
+    for cls, name in ((pyslurm_fake.FakeJob, "Job"), (pyslurm_fake.FakeNode, "Node"),
+                      (pyslurm_fake.FakePartition, "Partition")):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert fields <= set(real[name]), (name, fields - set(real[name]))
+    assert pyslurm_fake.ATTRIBUTES <= set(real["JobSubmitDescription"]), \
+        pyslurm_fake.ATTRIBUTES - set(real["JobSubmitDescription"])
+    assert real["submission_module_has_pyenviron"]
