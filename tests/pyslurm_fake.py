@@ -120,7 +120,14 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
                 raise AttributeError(f"'JobSubmitDescription' has no attributes {unknown}")
             self.kw = kw
 
+        def _check(self) -> None:
+            """pyslurm 25.11.2 takes time_limit as minutes only (measured on 25.11.7)."""
+            limit = self.kw.get("time_limit")
+            if limit is not None and not isinstance(limit, int):
+                raise TypeError("an integer is required")
+
         def submit(self) -> int:
+            self._check()
             maybe_fail("submit")
             part = self.kw.get("partitions") or "cpu"
             if part not in {p.name for p in state["parts"]}:

@@ -57,6 +57,7 @@ from ray_slurm_provider.slurm.client import (
 from ray_slurm_provider.slurm.rest import parse as rest_parse
 from ray_slurm_provider.slurm.script import render, user_options
 from ray_slurm_provider.slurm.spec import JobSpec
+from ray_slurm_provider.units import parse_duration
 
 INSTALL_HINT = (
     "pyslurm X.Y works only with Slurm X.Y: `pip install pyslurm==<your Slurm X.Y>.*` builds "
@@ -281,7 +282,7 @@ def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
     gres = [g for g in (spec.gres, spec.gpus_per_node and f"gpu:{spec.gpus_per_node}") if g]
     typed = {
         "partitions": spec.partition, "account": spec.account, "qos": spec.qos,
-        "time_limit": spec.time, "nodes": spec.nodes, "ntasks": spec.ntasks,
+        "time_limit": _time_minutes(spec.time), "nodes": spec.nodes, "ntasks": spec.ntasks,
         "cpus_per_task": spec.cpus_per_task, "memory_per_node": spec.mem,
         # pyslurm has no gpus_per_node: its docs say to ask for GPUs per node as GRES.
         "gres_per_node": ",".join(gres) or None, "constraints": spec.constraint,
@@ -318,6 +319,15 @@ def _unsupported(option: str, why: str) -> PermanentSlurmError:
         f"#SBATCH {option}: {why}; slurmctld does not read #SBATCH lines, so the pyslurm back "
         "end sets each option itself and cannot set this one. Drop it from the node config or "
         "use provider.slurm_api: cli", command="pyslurm")
+
+
+def _time_minutes(time: str | None) -> int | None:
+    """--time as whole minutes: pyslurm 25.11.2 takes an integer only ("TypeError: an
+    integer is required" for "10", measured). Unlimited: unset, the partition's limit."""
+    if time is None:
+        return None
+    seconds = parse_duration(time)
+    return None if seconds is None else -(-seconds // 60)
 
 
 def _node_release(node: Any) -> str:

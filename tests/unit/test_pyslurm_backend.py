@@ -164,7 +164,7 @@ def test_every_field_is_an_attribute(mod: Any) -> None:
     assert kw == {
         "script": render(spec), "environment": job_environment(os.environ), "name": "ray-c",
         "partitions": "gpu",
-        "account": "a", "qos": "q", "time_limit": "1:00:00", "nodes": 2, "ntasks": 2,
+        "account": "a", "qos": "q", "time_limit": 60, "nodes": 2, "ntasks": 2,
         "cpus_per_task": 4, "memory_per_node": "16G", "gres_per_node": "gpu:2,gpu:a100:1",
         "constraints": "ib", "resource_sharing": "no", "reservations": "r",
         "required_nodes": "n[1-2]", "excluded_nodes": "n3", "signal": "B:TERM@120",
@@ -233,3 +233,12 @@ def test_the_fake_has_the_real_pyslurm_s_names() -> None:
     assert pyslurm_fake.ATTRIBUTES <= set(real["JobSubmitDescription"]), \
         pyslurm_fake.ATTRIBUTES - set(real["JobSubmitDescription"])
     assert real["submission_module_has_pyenviron"]
+
+
+@pytest.mark.parametrize(("time", "minutes"), [("10", 10), ("1:00:00", 60), ("0:30", 1),
+                                               ("1-00:00:00", 1440), ("UNLIMITED", None)])
+def test_time_limit_is_whole_minutes(time: str, minutes: int | None) -> None:
+    """pyslurm 25.11.2 refuses a string ("TypeError: an integer is required", measured on
+    25.11.7): the limit goes as minutes, rounded up; unlimited is left unset."""
+    kw = pyslurm_backend.description(JobSpec("j", ["true"], time=time))
+    assert kw.get("time_limit") == minutes
