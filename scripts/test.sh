@@ -5,7 +5,8 @@
 #      but accounting (--pyxis builds enroot and pyxis once into the cache, from the tarballs
 #      in $RAY_SLURM_VENDOR_DIR, default ../shared/vendor); the unit tests run while its
 #      sandbox comes up
-#   2. Slurm 24.11 and 26.05 (Debian roots, built once into the cache): the Slurm
+#   2. Slurm 25.11 (built once from its tarball in $RAY_SLURM_VENDOR_DIR) and 26.05 (a
+#      Debian root), both built once into the cache: the Slurm
 #      integration suites (CLI and REST) and the core `ray up` lifecycle; on 26.05 also
 #      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
@@ -13,7 +14,7 @@
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
 #                          use it with a suffix)
 #   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandboxes' ports (to run beside another sandbox;
-#                          24.11, 26.05 and accounting add 100, 200, 300: no two phases meet)
+#                          25.11, 26.05 and accounting add 100, 200, 300: no two phases meet)
 #   RSP_PHASES             which phases to run (default "1 2 3")
 #   PYTEST_TIMEOUT         per-test timeout in seconds (default 900)
 # A sandbox this script starts is always taken down on exit; one that already ran before it
@@ -85,8 +86,10 @@ for p in $PHASES; do
        cat "$unit_log"
        rm -f "$unit_log"
        wait "$unit_pid" || FAILED+=("unit tests") ;;
-    2) phase "Slurm 24.11" "$MAIN_DIR-24.11" "--slurm 24.11 --port-offset $((OFFSET + 100))" \
-         -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 24.11")
+    2) # 25.11 replaces 24.11 (`--slurm 24.11` stays available); one sandbox user.
+       phase "Slurm 25.11" "$MAIN_DIR-25.11" \
+         "--slurm 25.11 --users 1 --port-offset $((OFFSET + 100))" \
+         -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 25.11")
        # 26.05's root packages Apptainer, which runs as an ordinary user: one sandbox user.
        phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \
          "--slurm 26.05 --users 1 --port-offset $((OFFSET + 200))" \

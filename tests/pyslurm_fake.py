@@ -65,14 +65,14 @@ class FakeNode:
     real_memory: int = 4000
     configured_gres: dict[str, int] = field(default_factory=lambda: {"gpu": 2})
     partitions: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
-    version: str = "22.05.8"
+    slurm_version: str = "22.05.8"
 
 
 @dataclass
 class FakePartition:
     name: str
     nodes: str = "n[1-3]"
-    max_time_limit: int | str = "UNLIMITED"
+    max_time: int | str = "UNLIMITED"
     default_time: int | str = "UNLIMITED"
     is_default: bool = False
     state: str = "UP"
@@ -120,7 +120,14 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
                 raise AttributeError(f"'JobSubmitDescription' has no attributes {unknown}")
             self.kw = kw
 
+        def _check(self) -> None:
+            """pyslurm 25.11.2 takes time_limit as minutes only (measured on 25.11.7)."""
+            limit = self.kw.get("time_limit")
+            if limit is not None and not isinstance(limit, int):
+                raise TypeError("an integer is required")
+
         def submit(self) -> int:
+            self._check()
             maybe_fail("submit")
             part = self.kw.get("partitions") or "cpu"
             if part not in {p.name for p in state["parts"]}:

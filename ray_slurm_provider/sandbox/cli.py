@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, daemons, pyxis, roots
+from ray_slurm_provider.sandbox import config, daemons, pyslurmwheel, pyxis, roots, source
 from ray_slurm_provider.sandbox.core import STATE_DIR_ENV, Sandbox
 from ray_slurm_provider.sandbox.procs import SandboxError
 
@@ -39,8 +39,9 @@ def register(sub: Any) -> None:
                     "use its dockerd through the group rsp-sbx; `down` deletes them")
     up.add_argument("--slurm", default=roots.HOST_RELEASE, choices=tuple(roots.RELEASES),
                     help=f"Slurm release (default {roots.HOST_RELEASE}, the host's packages; "
-                    "newer ones run from a Debian root debootstrapped once into "
-                    f"${roots.CACHE_ENV} or {roots.DEFAULT_CACHE})")
+                    f"{', '.join(roots.SOURCE)} is built once from its release tarball in "
+                    f"${pyxis.VENDOR_ENV}; the others run from a Debian root debootstrapped "
+                    f"once; both cached in ${roots.CACHE_ENV} or {roots.DEFAULT_CACHE})")
     up.add_argument("--accounting", action="store_true",
                     help="also run slurmdbd on a private MariaDB with an account tree, the "
                     "users as associations, QOSes normal/high/scavenger/limited (high "
@@ -50,6 +51,10 @@ def register(sub: Any) -> None:
                     f"(from the release tarballs in ${pyxis.VENDOR_ENV}, default "
                     "<project>/../shared/vendor) and load pyxis: `srun --container-image`; "
                     "env.sh puts the sandbox's enroot on PATH")
+    up.add_argument("--pyslurm", action="store_true",
+                    help="also build pyslurm from PyPI against the sandbox's Slurm (25.11 "
+                    "only: pyslurm X.Y needs Slurm X.Y) once into the cache and install it "
+                    "into the Python running ray-slurm")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -110,7 +115,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      cpus_per_node=args.cpus_per_node,
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
                      port_offset=args.port_offset, users=args.users, slurm=args.slurm,
-                     accounting=args.accounting, pyxis=args.pyxis)
+                     accounting=args.accounting, pyxis=args.pyxis, pyslurm=args.pyslurm)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:
@@ -129,6 +134,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"# enroot {pyxis.ENROOT_VERSION} ({build.enroot_prefix}) and pyxis "
               f"{pyxis.PYXIS_VERSION} ({build.plugin}): srun --container-image=FILE.sqsh; "
               "`ray-slurm sandbox image --runtime enroot` writes one")
+    if spec.pyslurm:
+        wheel = pyslurmwheel.Wheel(source.install_for(spec.slurm)).path()
+        print(f"# pyslurm {pyslurmwheel.VERSIONS[spec.slurm]} installed into {sys.executable} "
+              f"from {wheel}; `import pyslurm` needs SLURM_CONF (env.sh sets it)")
     for key in sorted(env):
         print(f"export {key}={shlex.quote(env[key])}")
     print(f"""# Use it from a shell:  source {sb.layout.env_file}

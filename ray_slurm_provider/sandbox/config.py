@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from ray_slurm_provider.sandbox import accounting, roots
+from ray_slurm_provider.sandbox import accounting, pyslurmwheel, roots
 from ray_slurm_provider.sandbox.layout import Layout
 
 CLUSTER_NAME = accounting.CLUSTER_NAME
@@ -77,6 +77,7 @@ class SandboxSpec:
     slurm: str = roots.HOST_RELEASE  # the Slurm release (sandbox/roots.py)
     accounting: bool = False  # slurmdbd on MariaDB, QOSes, typed GPUs (sandbox/accounting.py)
     pyxis: bool = False  # enroot and the pyxis SPANK plugin (sandbox/pyxis.py)
+    pyslurm: bool = False  # pyslurm built against the release (sandbox/pyslurmwheel.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -92,13 +93,16 @@ class SandboxSpec:
         roots.check_release(self.slurm)
         if self.accounting and roots.in_root(self.slurm):
             raise ValueError(f"--accounting runs only with the host's Slurm "
-                             f"{roots.HOST_RELEASE} (the roots carry no slurmdbd)")
+                             f"{roots.HOST_RELEASE} or one built from source "
+                             f"({', '.join(roots.SOURCE)}): the roots carry no slurmdbd")
         if self.docker and roots.in_root(self.slurm):
             raise ValueError(f"--docker runs only with the host's Slurm {roots.HOST_RELEASE} "
                              f"(Slurm {self.slurm} lives in a root without a docker CLI)")
-        if self.pyxis and roots.in_root(self.slurm):
+        if self.pyxis and self.slurm != roots.HOST_RELEASE:
             raise ValueError(f"--pyxis runs only with the host's Slurm {roots.HOST_RELEASE} "
                              f"(pyxis is built against the host's spank.h)")
+        if self.pyslurm:
+            pyslurmwheel.check_release(self.slurm)
         if self.port_offset < 0 or node_port(self.nodes, self.port_offset) > MAX_PORT:
             raise ValueError(f"port_offset {self.port_offset} puts slurmd ports past {MAX_PORT} "
                              "(Ray's worker port range starts at 10002)")
@@ -132,11 +136,22 @@ class SandboxSpec:
             slurm=str(data.get("slurm", roots.HOST_RELEASE)),
             accounting=bool(data.get("accounting", False)),
             pyxis=bool(data.get("pyxis", False)),
+            pyslurm=bool(data.get("pyslurm", False)),
         )
 
     @property
     def in_root(self) -> bool:
         return roots.in_root(self.slurm)
+
+    @property
+    def from_source(self) -> bool:
+        """Built from source into the cache; runs on the host (sandbox/source.py)."""
+        return roots.from_source(self.slurm)
+
+    @property
+    def own_clients(self) -> bool:
+        """The release's client commands live in the state dir's bin/, first on PATH."""
+        return self.in_root or self.from_source
 
 
 def render_slurm_conf(layout: Layout, spec: SandboxSpec) -> str:

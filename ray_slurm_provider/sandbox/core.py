@@ -18,8 +18,10 @@ from ray_slurm_provider.sandbox import (
     files,
     prereq,
     probes,
+    pyslurmwheel,
     pyxis,
     roots,
+    source,
     users,
 )
 from ray_slurm_provider.sandbox.config import SandboxSpec
@@ -76,12 +78,12 @@ class Sandbox:
                  cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
                  docker: bool = False, *, port_offset: int = 0, users: int = 0,
                  slurm: str = roots.HOST_RELEASE, accounting: bool = False,
-                 pyxis: bool = False) -> None:
+                 pyxis: bool = False, pyslurm: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
                                 port_offset=port_offset, users=users, slurm=slurm,
-                                accounting=accounting, pyxis=pyxis)
+                                accounting=accounting, pyxis=pyxis, pyslurm=pyslurm)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -97,7 +99,7 @@ class Sandbox:
                    cpus_per_node=spec.cpus_per_node,
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
                    port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
-                   accounting=spec.accounting, pyxis=spec.pyxis)
+                   accounting=spec.accounting, pyxis=spec.pyxis, pyslurm=spec.pyslurm)
 
     @property
     def state_dir(self) -> str:
@@ -121,7 +123,7 @@ class Sandbox:
         }
         if self.spec.docker:
             env["DOCKER_HOST"] = self.layout.docker_host
-        if self.spec.in_root:  # the release's client commands come first
+        if self.spec.own_clients:  # the release's client commands come first
             env["PATH"] = os.pathsep.join([self.layout.bin_dir, os.environ.get("PATH", "")])
         if self.spec.pyxis:  # the sandbox's enroot (never with a root: SandboxSpec)
             env["PATH"] = os.pathsep.join([self.layout.enroot_bin_dir,
@@ -140,11 +142,16 @@ class Sandbox:
         """
         prereq.check_root()
         prereq.ensure_packages(self.spec.docker, install, root=self.spec.in_root,
-                               accounting=self.spec.accounting, pyxis=self.spec.pyxis)
+                               accounting=self.spec.accounting, pyxis=self.spec.pyxis,
+                               build=self.spec.from_source)
         if self.spec.pyxis:  # before the lock, like a root: a first build takes a minute
             pyxis.ensure_built(pyxis.build_for(self.spec.slurm))
         if self.spec.in_root:  # before the lock: a first build takes minutes
             roots.ensure_root(self.spec.slurm)
+        elif self.spec.from_source:  # likewise
+            built = source.ensure_built(source.install_for(self.spec.slurm))
+            if self.spec.pyslurm:  # into the Python running this: import pyslurm works
+                pyslurmwheel.ensure_installed(built)
         elif (host := roots.host_release()) != self.spec.slurm:
             raise SandboxError(f"this machine's Slurm is {host}, not {self.spec.slurm}; "
                                f"choose --slurm {host} or one of {', '.join(roots.RELEASES)}")

@@ -15,7 +15,7 @@ import shutil
 import socket
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import accounting, config, files, probes, roots, users
+from ray_slurm_provider.sandbox import accounting, config, files, probes, roots, source, users
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import (
@@ -44,6 +44,11 @@ def daemon_names(spec: SandboxSpec) -> list[str]:
 
 
 def _binary(name: str, spec: SandboxSpec | None = None) -> str:
+    if spec is not None and spec.from_source and name in source.DAEMONS:
+        built = source.install_for(spec.slurm).sbin(name)
+        if not os.path.exists(built):
+            raise SandboxError(f"{name}: not in the Slurm {spec.slurm} build {built}")
+        return built
     if spec is not None and spec.in_root and name not in ("dockerd", "mariadbd"):
         inside = f"/usr/sbin/{name}"
         if not os.path.exists(roots.root_dir(spec.slurm) + inside):
@@ -88,11 +93,12 @@ def argv_for(name: str, layout: Layout, spec: SandboxSpec) -> list[str]:
     if name == "slurmrestd":
         # 22.05 names an API version; later releases name the plugin and serve every
         # version their data parsers know.
-        plugin = ("openapi/slurmctld" if spec.in_root
+        plugin = ("openapi/slurmctld" if spec.slurm != roots.HOST_RELEASE
                   else f"openapi/{roots.rest_version(spec.slurm)}")
-        # 26.05 cannot resolve the name "nobody" ("Unable to resolve user"); its ids work.
-        user = ["-u", "65534", "-g", "65534"] if spec.in_root else ["-u", "nobody", "-g",
-                                                                    _nogroup()]
+        # 25.11 and 26.05 cannot resolve the name "nobody" ("fatal: Unable to resolve user:
+        # nobody"); its ids work.
+        user = (["-u", "65534", "-g", "65534"] if spec.slurm != roots.HOST_RELEASE
+                else ["-u", "nobody", "-g", _nogroup()])
         return [_binary("slurmrestd", spec), "-f", conf, *user,
                 "-a", "rest_auth/jwt", "-s", plugin, f"{config.REST_HOST}:{spec.rest_port}"]
     if name == "dockerd" and spec.docker:

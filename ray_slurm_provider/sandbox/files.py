@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import accounting, config, pyxis, roots
+from ray_slurm_provider.sandbox import accounting, config, pyxis, roots, source
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import SandboxError
@@ -97,6 +97,8 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
         _prepare_pyxis(layout, spec)
     if spec.in_root:
         _prepare_root_entry(layout, spec)
+    elif spec.from_source:
+        _prepare_source_clients(layout, spec)
     else:  # wrappers of another release, left by an earlier `up` at this state dir
         shutil.rmtree(layout.bin_dir, ignore_errors=True)
     if spec.accounting:
@@ -137,6 +139,17 @@ def _prepare_root_entry(layout: Layout, spec: SandboxSpec) -> None:
     for command in roots.CLIENTS:
         _write_if_changed(os.path.join(layout.bin_dir, command),
                           roots.render_client(layout.enter_script, command), 0o755)
+
+
+def _prepare_source_clients(layout: Layout, spec: SandboxSpec) -> None:
+    """Links to every client command of a release built from source, first on PATH (as a
+    root's wrappers are), and no cgroup plugin, as with a root."""
+    _write_if_changed(layout.cgroup_conf, config.render_cgroup_conf(), 0o644)
+    bin_dir = source.install_for(spec.slurm).bin_dir
+    shutil.rmtree(layout.bin_dir, ignore_errors=True)  # a root's wrappers, or another build's
+    _mkdir(layout.bin_dir, 0o755)
+    for command in sorted(os.listdir(bin_dir)):
+        os.symlink(os.path.join(bin_dir, command), os.path.join(layout.bin_dir, command))
 
 
 def _check_reachable(root: str) -> None:

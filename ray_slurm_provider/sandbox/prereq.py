@@ -23,6 +23,20 @@ ROOT_PACKAGES: dict[str, tuple[str, ...]] = {
     "debootstrap": ("debootstrap",),
     "util-linux": ("unshare", "pivot_root"),
 }
+#: With a Slurm release built from source (sandbox/source.py): its build and the libraries it
+#: links (slurmrestd with JWT needs json-c, yaml, jwt, http-parser; slurmdbd's MySQL plugin
+#: needs mariadb), and munge, whose daemon the sandbox runs.
+BUILD_PACKAGES: dict[str, tuple[str, ...]] = {
+    "munge": ("munged",),
+    "libmunge-dev": ("/usr/include/munge.h",),
+    "libjson-c-dev": ("/usr/include/json-c/json.h",),
+    "libyaml-dev": ("/usr/include/yaml.h",),
+    "libjwt-dev": ("/usr/include/jwt.h",),
+    "libhttp-parser-dev": ("/usr/include/http_parser.h",),
+    "libmariadb-dev": ("/usr/include/mariadb/mysql.h",),
+    "make": ("make",),
+    "gcc": ("gcc",),
+}
 #: With --accounting: slurmdbd and the database it stores into.
 ACCOUNTING_PACKAGES: dict[str, tuple[str, ...]] = {
     "slurmdbd": ("slurmdbd",),
@@ -61,34 +75,40 @@ def _present(probe: str) -> bool:
     )
 
 
-def _table(docker: bool, root: bool, accounting: bool,
-           pyxis: bool = False) -> dict[str, tuple[str, ...]]:
-    table = dict(ROOT_PACKAGES if root else SLURM_PACKAGES)
+def _table(docker: bool, root: bool, accounting: bool, pyxis: bool = False,
+           build: bool = False) -> dict[str, tuple[str, ...]]:
+    if build:
+        table = dict(BUILD_PACKAGES)
+    else:
+        table = dict(ROOT_PACKAGES if root else SLURM_PACKAGES)
     if docker:
         table.update(DOCKER_PACKAGES)
     if accounting:
         table.update(ACCOUNTING_PACKAGES)
+        if build:  # the build brings its own slurmdbd
+            del table["slurmdbd"]
     if pyxis:
         table.update(PYXIS_PACKAGES)
     return table
 
 
 def required_packages(docker: bool, root: bool = False, accounting: bool = False,
-                      pyxis: bool = False) -> list[str]:
-    return list(_table(docker, root, accounting, pyxis))
+                      pyxis: bool = False, build: bool = False) -> list[str]:
+    return list(_table(docker, root, accounting, pyxis, build))
 
 
 def missing_packages(docker: bool, root: bool = False, accounting: bool = False,
-                     pyxis: bool = False) -> list[str]:
+                     pyxis: bool = False, build: bool = False) -> list[str]:
     """Packages (of those the sandbox needs) that look uninstalled."""
-    table = _table(docker, root, accounting, pyxis)
+    table = _table(docker, root, accounting, pyxis, build)
     return [pkg for pkg, probes in table.items()
             if not all(any(_present(alt) for alt in probe.split("|")) for probe in probes)]
 
 
 def apt_command(docker: bool, root: bool = False, accounting: bool = False,
-                pyxis: bool = False) -> list[str]:
-    return ["apt-get", "install", "-y", *required_packages(docker, root, accounting, pyxis)]
+                pyxis: bool = False, build: bool = False) -> list[str]:
+    return ["apt-get", "install", "-y",
+            *required_packages(docker, root, accounting, pyxis, build)]
 
 
 def check_root() -> None:
@@ -100,12 +120,12 @@ def check_root() -> None:
 
 
 def ensure_packages(docker: bool, install: bool, root: bool = False,
-                    accounting: bool = False, pyxis: bool = False) -> None:
+                    accounting: bool = False, pyxis: bool = False, build: bool = False) -> None:
     """Fail with the exact apt-get command when packages are missing, or run it if `install`."""
-    missing = missing_packages(docker, root, accounting, pyxis)
+    missing = missing_packages(docker, root, accounting, pyxis, build)
     if not missing:
         return
-    cmd = apt_command(docker, root, accounting, pyxis)
+    cmd = apt_command(docker, root, accounting, pyxis, build)
     if not install:
         raise SandboxError(
             f"missing packages for the Slurm sandbox: {' '.join(missing)}\n"
@@ -118,6 +138,6 @@ def ensure_packages(docker: bool, install: bool, root: bool = False,
         proc.run(cmd, env=env, timeout=1200)
     except proc.CommandError as e:
         raise SandboxError(f"installing packages failed: {e}\n{e.stderr[-2000:]}") from e
-    still = missing_packages(docker, root, accounting, pyxis)
+    still = missing_packages(docker, root, accounting, pyxis, build)
     if still:
         raise SandboxError(f"still missing after apt-get install: {' '.join(still)}")

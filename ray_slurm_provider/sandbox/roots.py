@@ -1,7 +1,8 @@
 """Slurm releases other than the host's: one cached Debian root per release, and how the
 sandbox's daemons and client commands run inside it.
 
-22.05 is the host's own packages (Debian 12). 24.11 (Debian 13, trixie) and 26.05 (Debian
+22.05 is the host's own packages (Debian 12); 25.11 is built from source into the cache and
+runs on the host (sandbox/source.py). 24.11 (Debian 13, trixie) and 26.05 (Debian
 sid) live in roots that ``debootstrap --variant=minbase`` builds once into the cache dir
 (``$RAY_SLURM_SANDBOX_CACHE``, default /var/cache/ray-slurm-provider/roots/<release>); a root
 is built into a temporary dir and renamed only once its slurmctld says the expected release,
@@ -28,12 +29,16 @@ from ray_slurm_provider.sandbox.procs import SandboxError
 
 HOST_RELEASE = "22.05"
 #: Release -> (Debian suite, REST API version: the newest both it and the REST client know,
-#: which the sandbox probes with and the client negotiates). The host release has no suite.
+#: which the sandbox probes with and the client negotiates). The host release and the ones
+#: built from source have no suite.
 RELEASES: dict[str, tuple[str | None, str]] = {
     "22.05": (None, "v0.0.38"),
     "24.11": ("trixie", "v0.0.42"),
+    "25.11": (None, "v0.0.44"),
     "26.05": ("sid", "v0.0.44"),
 }
+#: Releases built from source (sandbox/source.py) -> the patch release the vendor dir holds.
+SOURCE: dict[str, str] = {"25.11": "25.11.7"}
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3", "slurmrestd",
             "slurm-wlm-jwt-plugin", "util-linux", "mount")
 EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {"26.05": ("apptainer",)}
@@ -63,6 +68,11 @@ def check_release(release: str) -> str:
 def in_root(release: str) -> bool:
     """True when `release` runs from a cached root rather than the host's packages."""
     return RELEASES[check_release(release)][0] is not None
+
+
+def from_source(release: str) -> bool:
+    """True when `release` is built from source into the cache (and runs on the host)."""
+    return check_release(release) in SOURCE
 
 
 def rest_version(release: str) -> str:

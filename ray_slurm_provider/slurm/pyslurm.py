@@ -13,9 +13,11 @@ The pyslurm API used (pyslurm >= 23.2 "core" API): `__version__`, `RPCError`,
 allocated_nodes, batch_host, time_limit [min], run_time_remaining [s], submit_time,
 start_time [epoch], partition, comment), `Job(id).cancel()`, `Nodes.load().values()` (Node:
 name, address, state, total_cpus, real_memory, configured_gres {name: count}, partitions,
-version), `Partitions.load().values()` (Partition: name, nodes, max_time_limit,
-default_time [min or "UNLIMITED"], is_default, state). This was tested against a recorded
-fake of that surface only: no pyslurm builds against the sandbox's Slurm 22.05 here.
+slurm_version), `Partitions.load().values()` (Partition: name, nodes, max_time,
+default_time [min or "UNLIMITED"], is_default, state). Checked against pyslurm 25.11.2 on the
+sandbox's Slurm 25.11.7 (`sandbox up --slurm 25.11 --pyslurm`; tests/fixtures/pyslurm-25.11/):
+a Node's release is `slurm_version` and a Partition's limit `max_time` there (the fake had
+`version` and `max_time_limit`, which 25.11.2 does not have).
 
 A job is submitted from the JobSpec's fields, like the REST back end's: slurmctld reads no
 `#SBATCH` lines, and pyslurm's own `load_sbatch_options` reads them only from a script FILE
@@ -37,6 +39,7 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+from ray_slurm_provider import proc
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import (
     LIST_STATES,
@@ -46,6 +49,7 @@ from ray_slurm_provider.slurm.client import (
     Node,
     PermanentSlurmError,
     SlurmError,
+    TransientSlurmError,
     classify,
     is_job_gone,
     job_environment,
@@ -53,6 +57,7 @@ from ray_slurm_provider.slurm.client import (
 from ray_slurm_provider.slurm.rest import parse as rest_parse
 from ray_slurm_provider.slurm.script import render, user_options
 from ray_slurm_provider.slurm.spec import JobSpec
+from ray_slurm_provider.units import parse_duration
 
 INSTALL_HINT = (
     "pyslurm X.Y works only with Slurm X.Y: `pip install pyslurm==<your Slurm X.Y>.*` builds "
@@ -93,9 +98,11 @@ class PyslurmSlurmClient:
     # --- loading --------------------------------------------------------------------------
 
     def lib(self) -> Any:
-        """pyslurm, imported on first use; PermanentSlurmError when missing or broken."""
+        """pyslurm, imported on first use (after a child process imported it: see
+        `probe_import`); PermanentSlurmError when missing or broken."""
         with self._lock:
             if self._mod is None:
+                probe_import()
                 try:
                     self._mod = importlib.import_module("pyslurm")
                 except ModuleNotFoundError as e:
@@ -121,7 +128,7 @@ class PyslurmSlurmClient:
         if self._checked:
             return
         ours = major_minor(str(getattr(self.lib(), "__version__", "")))
-        theirs = {major_minor(str(getattr(n, "version", "") or "")) for n in nodes} - {""}
+        theirs = {major_minor(_node_release(n)) for n in nodes} - {""}
         if ours and theirs and ours not in theirs:
             raise PermanentSlurmError(
                 f"pyslurm {self.lib().__version__} is for Slurm {ours}, but this cluster runs "
@@ -190,7 +197,7 @@ class PyslurmSlurmClient:
         parts = self._call("listing partitions", lib.Partitions.load)
         out = tuple(rest_parse.build_partition(
             str(p.name), str(p.nodes or ""), nodes,
-            max_time_s=_minutes(p.max_time_limit), default_time_s=_minutes(p.default_time),
+            max_time_s=_minutes(p.max_time), default_time_s=_minutes(p.default_time),
             default=bool(p.is_default), state=str(p.state or "UP")) for p in parts.values())
         return ClusterInfo(self._release, out)
 
@@ -205,7 +212,7 @@ class PyslurmSlurmClient:
         lib = self.lib()
         raw = list(self._call("listing nodes", lib.Nodes.load).values())
         self._check_version(raw)
-        self._release = next((str(n.version) for n in raw if getattr(n, "version", None)), "")
+        self._release = next((r for r in map(_node_release, raw) if r), "")
         nodes = []
         for n in raw:
             gres = n.configured_gres or {}
@@ -220,6 +227,36 @@ class PyslurmSlurmClient:
 
 
 _ENV_LOCK = threading.Lock()
+#: Slurm retries a SLURM_CONF that names a missing file for 60 s before it exits.
+PROBE_TIMEOUT_S = 90.0
+
+
+def probe_import() -> None:
+    """Import pyslurm in a child process first: ``import pyslurm`` reads the Slurm
+    configuration at once and, when it finds none, exits the process ("Could not establish a
+    configuration source": measured with pyslurm 25.11.2), which must never be the
+    autoscaler's. The child's failure becomes a SlurmError in Slurm's words."""
+    argv = [sys.executable, "-c", "import pyslurm"]
+    try:
+        res = proc.run(argv, timeout=PROBE_TIMEOUT_S, check=False)
+    except proc.CommandError as e:
+        raise TransientSlurmError(f"import pyslurm in a child process: {e}",
+                                  command="pyslurm") from e
+    if res.returncode == 0:
+        return
+    text = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}")
+    last = text.splitlines()[-1]
+    if "No module named 'pyslurm'" in text:
+        raise PermanentSlurmError(f"provider.slurm_api is pyslurm but pyslurm is not "
+                                  f"installed ({last}); {INSTALL_HINT}", command="pyslurm")
+    if "ImportError" in text or "OSError" in text:
+        raise PermanentSlurmError(
+            f"pyslurm is installed but cannot load against this machine's libslurm ({last}); "
+            f"it was built for another Slurm release. {INSTALL_HINT}", command="pyslurm")
+    err = classify(f"import pyslurm exits the process: {text[-1000:]} (it reads the Slurm "
+                   "configuration on import: is SLURM_CONF or /etc/slurm/slurm.conf there?)",
+                   "pyslurm")
+    raise err
 
 
 @contextlib.contextmanager
@@ -245,7 +282,7 @@ def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
     gres = [g for g in (spec.gres, spec.gpus_per_node and f"gpu:{spec.gpus_per_node}") if g]
     typed = {
         "partitions": spec.partition, "account": spec.account, "qos": spec.qos,
-        "time_limit": spec.time, "nodes": spec.nodes, "ntasks": spec.ntasks,
+        "time_limit": _time_minutes(spec.time), "nodes": spec.nodes, "ntasks": spec.ntasks,
         "cpus_per_task": spec.cpus_per_task, "memory_per_node": spec.mem,
         # pyslurm has no gpus_per_node: its docs say to ask for GPUs per node as GRES.
         "gres_per_node": ",".join(gres) or None, "constraints": spec.constraint,
@@ -282,6 +319,20 @@ def _unsupported(option: str, why: str) -> PermanentSlurmError:
         f"#SBATCH {option}: {why}; slurmctld does not read #SBATCH lines, so the pyslurm back "
         "end sets each option itself and cannot set this one. Drop it from the node config or "
         "use provider.slurm_api: cli", command="pyslurm")
+
+
+def _time_minutes(time: str | None) -> int | None:
+    """--time as whole minutes: pyslurm 25.11.2 takes an integer only ("TypeError: an
+    integer is required" for "10", measured). Unlimited: unset, the partition's limit."""
+    if time is None:
+        return None
+    seconds = parse_duration(time)
+    return None if seconds is None else -(-seconds // 60)
+
+
+def _node_release(node: Any) -> str:
+    """The node's slurmd release: `slurm_version` (pyslurm 25.11), `version` before."""
+    return str(getattr(node, "slurm_version", None) or getattr(node, "version", None) or "")
 
 
 def _minutes(value: Any) -> int | None:

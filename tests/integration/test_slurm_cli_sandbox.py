@@ -1,9 +1,11 @@
 """The Slurm back ends against the real local Slurm sandbox, on whichever release it runs
-(22.05 from Debian 12, 24.11 or 26.05 from a Debian root: `ray-slurm sandbox up --slurm`).
+(22.05 from Debian 12, 24.11 or 26.05 from a Debian root, 25.11 built from source:
+`ray-slurm sandbox up --slurm`).
 
-Every test that takes `client` runs twice: through the CLI back end (sbatch, squeue, ...) and
-through the REST back end (the sandbox's real slurmrestd at the newest API version both sides
-know, JWT from RAY_SLURM_JWT_FILE), so both pass the same suite.
+Every test that takes `client` runs through the CLI back end (sbatch, squeue, ...), through
+the REST back end (the sandbox's real slurmrestd at the newest API version both sides know,
+JWT from RAY_SLURM_JWT_FILE) and, on a sandbox started with --pyslurm (25.11), through the
+pyslurm back end, so all pass the same suite.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ray_slurm_provider.sandbox import Sandbox
+from ray_slurm_provider.sandbox import Sandbox, SandboxError
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import (
     Job,
@@ -23,6 +25,7 @@ from ray_slurm_provider.slurm.client import (
     SlurmClient,
     TransientSlurmError,
 )
+from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient
 from ray_slurm_provider.slurm.rest.client import RestSlurmClient
 from ray_slurm_provider.slurm.script import JobSpec
 
@@ -35,10 +38,22 @@ def sleep(name: str, **fields: object) -> JobSpec:
 
 
 def make(kind: str) -> SlurmClient:
+    if kind == "pyslurm":
+        return PyslurmSlurmClient()
     return CliSlurmClient(timeout=60) if kind == "cli" else RestSlurmClient(timeout=60)
 
 
-@pytest.fixture(params=["cli", "rest"])
+def backends() -> list[str]:
+    """cli and rest; pyslurm too on a sandbox started with --pyslurm (known at collection:
+    CI starts the sandbox before pytest, and a skip there is a failure)."""
+    try:
+        pyslurm = Sandbox.from_state_dir().spec.pyslurm
+    except (SandboxError, ValueError, OSError):
+        pyslurm = False
+    return ["cli", "rest", *(["pyslurm"] if pyslurm else [])]
+
+
+@pytest.fixture(params=backends())
 def client(sandbox: Sandbox, request: pytest.FixtureRequest) -> SlurmClient:
     return make(request.param)
 
@@ -143,7 +158,7 @@ def test_bad_partition_is_permanent(client: SlurmClient, name: str) -> None:
 
 
 def test_controller_down_is_transient(sandbox: Sandbox, name: str) -> None:
-    """One outage of slurmctld, seen through both back ends (slurmrestd keeps running and
+    """One outage of slurmctld, seen through every back end (slurmrestd keeps running and
     answers with Slurm's words)."""
     client = CliSlurmClient(timeout=60)
     rest = RestSlurmClient(timeout=60)
@@ -163,6 +178,10 @@ def test_controller_down_is_transient(sandbox: Sandbox, name: str) -> None:
                     assert "slurmctld is unreachable" in str(ei.value)
                 else:
                     assert "Unable to contact slurm controller" in ei.value.slurm_message
+        if "pyslurm" in backends():  # its import works without slurmctld; each call fails
+            with pytest.raises(TransientSlurmError) as ei:
+                PyslurmSlurmClient().list_jobs(name)
+            assert "Unable to contact slurm controller" in ei.value.slurm_message
     finally:
         sandbox.start_daemon("slurmctld")
     deadline = time.monotonic() + 30

@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ray_slurm_provider.config import parse_provider
+from ray_slurm_provider.slurm import pyslurm as pyslurm_backend
 from ray_slurm_provider.slurm.client import (
     PermanentSlurmError,
     SlurmClient,
@@ -46,6 +48,7 @@ def test_missing_pyslurm_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
         return real(name, *a)
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
+    monkeypatch.setattr(pyslurm_backend, "probe_import", lambda: None)
     with pytest.raises(PermanentSlurmError, match=r"not installed.*works only with Slurm X\.Y"):
         PyslurmSlurmClient().list_jobs("x")
 
@@ -55,8 +58,31 @@ def test_pyslurm_built_for_another_libslurm(monkeypatch: pytest.MonkeyPatch) -> 
         raise ImportError("libslurmfull.so: cannot open shared object file")
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
+    monkeypatch.setattr(pyslurm_backend, "probe_import", lambda: None)
     with pytest.raises(PermanentSlurmError, match="cannot load against this machine's libslurm"):
         PyslurmSlurmClient().cluster_info()
+
+
+@pytest.mark.parametrize(("child", "error", "words"), [
+    ("echo 'slurm_load_ctl_conf: Could not establish a configuration source' >&2; exit 1",
+     PermanentSlurmError, r"exits the process: .*configuration source.*SLURM_CONF"),
+    ("echo \"ModuleNotFoundError: No module named 'pyslurm'\" >&2; exit 1",
+     PermanentSlurmError, r"not installed"),
+    ("echo 'ImportError: libslurm.so.44: cannot open shared object file' >&2; exit 1",
+     PermanentSlurmError, r"cannot load against this machine's libslurm"),
+])
+def test_pyslurm_is_imported_in_a_child_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              child: str, error: type, words: str) -> None:
+    """`import pyslurm` exits the process when it finds no Slurm config (measured on 25.11):
+    a child imports it first, and its failure is an error, never the caller's exit."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\n{child}\n")
+    fake_python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake_python))
+    with pytest.raises(error, match=words):
+        PyslurmSlurmClient().cluster_info()
+    fake_python.write_text("#!/bin/sh\nexit 0\n")
+    pyslurm_backend.probe_import()  # a child that imports it: nothing to say
 
 
 def test_release_mismatch_is_refused() -> None:
@@ -118,7 +144,7 @@ def test_cluster_info_matches_the_sandbox(mod: Any) -> None:
     assert cpu is not None and gpu is not None and info.partition(None) == cpu
     assert gpu.gpus_per_node == 2 and cpu.max_time_s is None
     assert {n.addr for n in cpu.nodes} == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
-    mod.state["parts"][0].max_time_limit = 120
+    mod.state["parts"][0].max_time = 120
     assert PyslurmSlurmClient(module=mod).cluster_info().partitions[0].max_time_s == 7200
 
 
@@ -138,7 +164,7 @@ def test_every_field_is_an_attribute(mod: Any) -> None:
     assert kw == {
         "script": render(spec), "environment": job_environment(os.environ), "name": "ray-c",
         "partitions": "gpu",
-        "account": "a", "qos": "q", "time_limit": "1:00:00", "nodes": 2, "ntasks": 2,
+        "account": "a", "qos": "q", "time_limit": 60, "nodes": 2, "ntasks": 2,
         "cpus_per_task": 4, "memory_per_node": "16G", "gres_per_node": "gpu:2,gpu:a100:1",
         "constraints": "ib", "resource_sharing": "no", "reservations": "r",
         "required_nodes": "n[1-2]", "excluded_nodes": "n3", "signal": "B:TERM@120",
@@ -189,3 +215,30 @@ def test_pyslurm_says_how_a_job_ended_as_the_cli_does(monkeypatch: pytest.Monkey
     assert end is not None and end.state == "FAILED"
     with pytest.raises(NoAccounting):
         client.ended_job("8")
+
+
+def test_the_fake_has_the_real_pyslurm_s_names() -> None:
+    """The fake's classes and JobSubmitDescription's attributes against pyslurm 25.11.2 built
+    on the sandbox's Slurm 25.11.7 (tests/fixtures/pyslurm-25.11/attributes.json): every
+    name the fake offers is real, and the back end's `pyenviron` hook is there."""
+    import dataclasses
+    import json
+
+    real = json.loads((Path(__file__).parent.parent / "fixtures" / "pyslurm-25.11" /
+                       "attributes.json").read_text())
+    for cls, name in ((pyslurm_fake.FakeJob, "Job"), (pyslurm_fake.FakeNode, "Node"),
+                      (pyslurm_fake.FakePartition, "Partition")):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert fields <= set(real[name]), (name, fields - set(real[name]))
+    assert pyslurm_fake.ATTRIBUTES <= set(real["JobSubmitDescription"]), \
+        pyslurm_fake.ATTRIBUTES - set(real["JobSubmitDescription"])
+    assert real["submission_module_has_pyenviron"]
+
+
+@pytest.mark.parametrize(("time", "minutes"), [("10", 10), ("1:00:00", 60), ("0:30", 1),
+                                               ("1-00:00:00", 1440), ("UNLIMITED", None)])
+def test_time_limit_is_whole_minutes(time: str, minutes: int | None) -> None:
+    """pyslurm 25.11.2 refuses a string ("TypeError: an integer is required", measured on
+    25.11.7): the limit goes as minutes, rounded up; unlimited is left unset."""
+    kw = pyslurm_backend.description(JobSpec("j", ["true"], time=time))
+    assert kw.get("time_limit") == minutes

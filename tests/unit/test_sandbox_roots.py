@@ -27,7 +27,7 @@ NASTY = "/tmp/it's a \"dir\" $(touch /tmp/pwned) `x`\n; echo owned"
 
 
 def test_release_names_are_checked_with_the_choices_named() -> None:
-    choices = r"unsupported Slurm release '23\.02'.*22\.05, 24\.11, 26\.05"
+    choices = r"unsupported Slurm release '23\.02'.*22\.05, 24\.11, 25\.11, 26\.05"
     with pytest.raises(ValueError, match=choices):
         SandboxSpec(slurm="23.02")
     assert not SandboxSpec().in_root and SandboxSpec(slurm="24.11").in_root
