@@ -74,11 +74,18 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)  # job: a snapshot; totals
 
     def line(self) -> str:
-        d = {k: v for k, v in asdict(self).items() if v or k in ("ev", "t")}
-        return json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n"
+        # No asdict (it deep-copies): a restarted provider's first listing writes one line
+        # per job (bench/p4_listing_cpu.py's first call).
+        d: dict[str, Any] = {"ev": self.ev, "t": round(self.t, 3)}
+        for k in _OPTIONAL:
+            v = getattr(self, k)
+            if v:
+                d[k] = v
+        return json.dumps(d, separators=(",", ":")) + "\n"
 
 
 _FIELDS = frozenset(f.name for f in fields(Event))
+_OPTIONAL = tuple(f.name for f in fields(Event) if f.name not in ("ev", "t"))
 
 
 @dataclass
@@ -210,8 +217,8 @@ class History:
     def append(self, events: Iterable[Event], run: str | None = None) -> None:
         """One write of `events` to the run's file (the current run's by default); nothing
         without a run. Compacts the file once it passes COMPACT_BYTES."""
-        text = "".join(e.line() for e in events)
         run = run or self.current()
+        text = "".join(e.line() for e in events) if run is not None else ""
         if not text or run is None:
             return
         path = self.path(run)
@@ -344,11 +351,11 @@ class Recorder:
         self.clock = clock
         self._warned = False
 
-    def _write(self, events: list[Event]) -> None:
+    def _write(self, events: list[Event], run: str | None = None) -> None:
         if not events:
             return
         try:
-            self.history.append(events)
+            self.history.append(events, run)
         except OSError as e:
             if not self._warned:
                 logger.warning("cannot append to the run's records in %s: %s",
@@ -372,6 +379,9 @@ class Recorder:
         """What one listing moved on: jobs in a new state, Ray seen up, jobs gone."""
         if not (events.listed or events.ray_up or events.gone):
             return
+        run = self.history.current()
+        if run is None:  # a cluster started before records (an older release's `ray up`)
+            return
         now = self.clock()
         out = [Event("listed", now, job=job_id, type=tags.get(TAG_RAY_USER_NODE_TYPE, ""),
                      kind=tags.get(TAG_RAY_NODE_KIND, ""), state=job.state,
@@ -383,7 +393,7 @@ class Recorder:
                              job=split(node_id)[0]))
         gone = {rec.job_id: rec.job.state for rec in events.gone}
         out.extend(Event("gone", now, job=j, state=state) for j, state in gone.items())
-        self._write(out)
+        self._write(out, run)
 
     def cancelled(self, jobs: Sequence[str], down: bool) -> None:
         now = self.clock()
