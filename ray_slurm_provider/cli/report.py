@@ -126,7 +126,9 @@ def summary(recs: RunRecords, now: float, notes: Iterable[str] = ()) -> dict[str
     jobs = sorted(recs.jobs.values(), key=lambda r: (r.submitted or r.started, r.job))
     types: dict[str, dict[str, Any]] = {}
     billed = any(r.billing for r in jobs)
-    for node_type in sorted({r.type for r in jobs} | set(recs.folded)):
+    heads = {r.type for r in jobs if r.kind == "head"}
+    for node_type in sorted({r.type for r in jobs} | set(recs.folded),
+                            key=lambda t: (t not in heads, t)):  # the head's type first
         mine = [r for r in jobs if r.type == node_type]
         folded = recs.folded.get(node_type)
         waits = [r.started - r.submitted for r in mine if r.started and r.submitted]
@@ -223,7 +225,7 @@ def build(cluster: Cluster, run: str | None, now: Callable[[], float] = time.tim
         recs = RunRecords(chosen)
     if not recs.jobs:
         notes.append("the run has no node jobs recorded")
-    elif any(r.ended and not r.by for r in recs.jobs.values()):
+    else:  # accounting's final states and billing; else the controller's ends
         learned = resolve_ends(recs, cluster, notes, acct)
         try:
             history.append(learned, chosen)

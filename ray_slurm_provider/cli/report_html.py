@@ -61,8 +61,9 @@ def _timeline(data: dict[str, Any]) -> str:
     y = 24
     for k in range(5):  # the time axis: 0, 1/4 ... of the wall time
         tx = LABEL + plot * k / 4
+        anchor = "end" if k == 4 else "middle"
         parts.append(f'<line x1="{tx:.1f}" y1="14" x2="{tx:.1f}" y2="{{H}}" stroke="#eee"/>'
-                     f'<text x="{tx:.1f}" y="11" text-anchor="middle">'
+                     f'<text x="{tx:.1f}" y="11" text-anchor="{anchor}">'
                      f'+{escape(_d(span * k / 4))}</text>')
     for node_type in data["types"]:
         mine = [j for j in jobs if j["type"] == node_type]
