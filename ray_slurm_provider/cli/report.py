@@ -191,6 +191,8 @@ def text_lines(data: dict[str, Any]) -> list[str]:
                    "GPU-hours and ended-by); waits and start-ups are of the newest ones")
     if data["bad_lines"]:
         out.append(f"{data['bad_lines']} unreadable lines of the records were skipped")
+    if len(data.get("runs", [])) > 1:
+        out.append(f"runs with records (--run RUN): {', '.join(data['runs'][-10:])}")
     return [*out, *(f"note: {n}" for n in data["notes"])]
 
 

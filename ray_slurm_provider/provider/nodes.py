@@ -373,4 +373,8 @@ def describe(node_id: str, rec: Node | None) -> str:
     j = rec.job
     where = f" on {j.batch_host}" if j.batch_host else ""
     why = f", reason: {j.reason}" if j.reason and j.reason != "None" else ""
+    # A pending job's %S is the scheduler's estimate (what `squeue --start` shows), once the
+    # backfill scheduler has one.
+    if j.state == "PENDING" and j.start_time:
+        why += f", estimated start {j.start_time} (Slurm's estimate)"
     return f"Slurm job {node_id} is {j.state}{where}{why}"

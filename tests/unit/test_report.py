@@ -256,3 +256,32 @@ def test_usage_lines_from_sacct() -> None:
                       "billing=2,cpu=2,gres/gpu=1,node=1\n")
     assert out == [Usage("5", "CANCELLED", "2026-12-01T10:00:00", "",
                          {"billing": "2", "cpu": "2", "gres/gpu": "1", "node": "1"})]
+
+
+class _Out:
+    def __init__(self, tty: bool) -> None:
+        self.text = ""
+        self.tty = tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_status_watch_refreshes_in_place_on_a_terminal_only(tty: bool) -> None:
+    """Issue 31 item 4: `ray-slurm status --watch`."""
+    from ray_slurm_provider.cli.status import watch
+
+    n = iter(range(10))
+    slept: list[float] = []
+    out = _Out(tty)
+    watch(lambda: [f"table {next(n)}"], out, 2.0, sleep=slept.append, rounds=3)  # type: ignore
+    assert slept == [2.0, 2.0] and "table 2" in out.text
+    assert (out.text.count("\x1b[2J") == 3) is tty
+    assert (out.text.count("\n# ") + out.text.startswith("# ") == 3) is not tty
