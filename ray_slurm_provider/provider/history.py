@@ -166,17 +166,32 @@ def apply(rec: JobRecord, e: Event) -> None:
         rec.ended = rec.ended or e.t
     elif e.ev == "job":
         for k, v in e.data.items():
-            if k != "job" and hasattr(rec, k):
+            if k in _RECORD_TYPES and isinstance(v, _RECORD_TYPES[k]):
                 setattr(rec, k, v)
 
 
+def _kind(default: Any) -> tuple[type, ...]:
+    return (int, float) if isinstance(default, float) else (type(default),)
+
+
+#: Each field's type, from its default: a line of another type is unreadable.
+_EVENT_TYPES = {f.name: _kind(f.default) if f.name not in ("ev", "t", "data") else
+                {"ev": (str,), "t": (int, float), "data": (dict,)}[f.name]
+                for f in fields(Event)}
+_RECORD_TYPES = {f.name: _kind(f.default) for f in fields(JobRecord) if f.name != "job"}
+
+
 def _event(d: Any) -> Event:
-    if not isinstance(d, dict) or not isinstance(d.get("ev"), str):
+    """A line's event; ValueError when it is none (not an object, a field of a wrong type)."""
+    if not isinstance(d, dict):
         raise ValueError("not an event")
-    e = Event(**{k: v for k, v in d.items() if k in _FIELDS})
-    if not isinstance(e.t, (int, float)) or not isinstance(e.data, dict):
-        raise ValueError("bad field")
-    return e
+    kept = {k: v for k, v in d.items() if k in _FIELDS}
+    for k, v in kept.items():
+        if isinstance(v, bool) or not isinstance(v, _EVENT_TYPES[k]):
+            raise ValueError(f"{k}: {v!r}")
+    if "ev" not in kept or "t" not in kept:
+        raise ValueError("no ev or t")
+    return Event(**kept)
 
 
 class History:
@@ -211,7 +226,9 @@ class History:
             run = f"{base}.{n}"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.append([Event("run", now)], run)
-        (self.dir / _CURRENT).write_text(run + "\n")
+        tmp = self.dir / f".{_CURRENT}.{os.getpid()}"
+        tmp.write_text(run + "\n")
+        os.replace(tmp, self.dir / _CURRENT)  # readers never see half an id
         return run
 
     def append(self, events: Iterable[Event], run: str | None = None) -> None:
@@ -264,7 +281,8 @@ def fold(run: str, lines: Iterable[str]) -> RunRecords:
         elif e.job:
             rec = out.jobs.get(e.job)
             if rec is None:
-                rec = out.jobs[e.job] = JobRecord(e.job)
+                rec = JobRecord(e.job)
+                out.jobs[e.job] = rec
             try:
                 apply(rec, e)
             except (TypeError, ValueError):

@@ -190,12 +190,15 @@ class _Ends(FakeSlurm):
 
 
 def test_a_corrupt_record_file_gives_a_partial_report(tmp_path: Path) -> None:
-    lines = [*RUN[:3], "{not json\n", '{"ev": 3}\n', "\x00\x00garbage\n", *RUN[3:]]
+    lines = [*RUN[:3], "{not json\n", '{"ev": 3}\n', "\x00\x00garbage\n",
+             '{"ev": "submitted", "t": 1, "job": "9", "nodes": "x"}\n', "[]\n",
+             '{"ev": "job", "t": 1, "job": "1", "data": {"nodes": "x", "gpus": 2}}\n', *RUN[3:]]
     c, _, _ = _run_dir(tmp_path, lines)
     data = build(c, None, now=lambda: T0 + 8000,
                  acct=FakeAccounting(None))  # type: ignore[arg-type]
-    assert data["bad_lines"] == 3 and len(data["jobs"]) == 4
-    assert "3 unreadable lines of the records were skipped" in text_lines(data)
+    assert data["bad_lines"] == 5 and len(data["jobs"]) == 4
+    assert "5 unreadable lines of the records were skipped" in text_lines(data)
+    assert [j["nodes"] for j in data["jobs"] if j["job"] == "1"] == [1]  # "x" not taken
 
 
 def test_bad_input_gives_a_clear_line_never_a_traceback(

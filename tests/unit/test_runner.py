@@ -347,7 +347,8 @@ def test_a_queued_heads_wait_shows_slurms_estimated_start(
     f.jobs[head].job = replace(f.jobs[head].job, start_time="2027-01-15T09:30:00")
     r = p.get_command_runner("", head, {}, "c1", None, True)
     clock = FakeClock()
-    r._clock, r._sleep = clock.now, clock.advance
+    r._clock = clock.now
+    r._sleep = clock.advance
     with pytest.raises(NodeNotReady):
         r.run("uptime", timeout=10)
     out = capsys.readouterr().out
