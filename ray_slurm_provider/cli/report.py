@@ -175,7 +175,8 @@ def _d(s: float | None) -> str:
 
 def text_lines(data: dict[str, Any]) -> list[str]:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["started"]))
-    state = "ended" if data["ended"] else "running"
+    state = "running" if not data["ended"] else "ended " + time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(data["ended"]))
     out = [f"run {data['run']}: started {when}, {state}, wall time {_d(data['wall_s'])}"]
     rows = []
     for node_type, t in data["types"].items():

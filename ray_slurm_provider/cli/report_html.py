@@ -141,7 +141,8 @@ def render(data: dict[str, Any]) -> str:
     if data["bad_lines"]:
         said.append(f"{data['bad_lines']} unreadable lines of the records were skipped")
     notes = "".join(f"<li>{escape(n)}</li>" for n in said)
-    state = "ended" if data["ended"] else "running"
+    state = "running" if not data["ended"] else "ended " + time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(data["ended"]))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>ray-slurm report: {escape(data.get('cluster', ''))} {escape(data['run'])}</title>

@@ -52,7 +52,7 @@ BY_AUTOSCALER = "autoscaler"
 BY_DOWN = "ray down"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: its __init__ runs per line read (a compaction: 50,000)
 class Event:
     """One line: `ev` is run | submitted | listed | ray_up | cancel | gone | end (a final
     state learned later) | job (a compacted record) | totals (folded jobs)."""
@@ -128,11 +128,19 @@ class RunRecords:
     bad_lines: int = 0
 
 
+_STAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)$")
+
+
 def slurm_time(stamp: str) -> float:
-    """Slurm's local "2026-12-01T19:03:08" as Unix seconds; 0.0 if it is none."""
+    """Slurm's local "2026-12-01T19:03:08" as Unix seconds; 0.0 if it is none. (No strptime:
+    a compaction reads one per job and line.)"""
+    m = _STAMP.match(stamp)
+    if m is None:
+        return 0.0
+    y, mo, d, h, mi, sec = (int(g) for g in m.groups())
     try:
-        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
+        return time.mktime((y, mo, d, h, mi, sec, 0, 0, -1))
+    except (OverflowError, ValueError):
         return 0.0
 
 
@@ -250,8 +258,11 @@ class History:
                 _compact(path, run)
 
     def read(self, run: str) -> RunRecords:
-        """The run's records; OSError when the file cannot be read."""
-        return fold(run, _lines(self.path(run)))
+        """The run's records, the newest KEEP_JOBS in full (a file not compacted yet may hold
+        more); OSError when the file cannot be read."""
+        recs = fold(run, _lines(self.path(run)))
+        fold_old(recs)
+        return recs
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -325,7 +336,7 @@ def snapshot(recs: RunRecords, now: float) -> list[Event]:
     if recs.folded:
         out.append(Event("totals", now, data={k: asdict(v) for k, v in recs.folded.items()}))
     for rec in recs.jobs.values():
-        d = {k: v for k, v in asdict(rec).items() if v and k != "job"}
+        d = {k: getattr(rec, k) for k in _RECORD_TYPES if getattr(rec, k)}
         out.append(Event("job", now, job=rec.job, data=d))
     return out
 
