@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 #: Full records kept per run; older ended jobs are folded into the totals.
 KEEP_JOBS = 10_000
-#: The file size past which an append compacts the file (about 5 events per job).
+#: The file size past which an append compacts the file (6 lines of ~100 bytes per job).
 COMPACT_BYTES = 8 * 1024 * 1024
 _CURRENT = "current"
 _RUN_ID = re.compile(r"^\d{8}-\d{6}(\.\d+)?$")
@@ -249,11 +249,10 @@ class History:
         path = self.path(run)
         with locked(path.with_name(f".{path.name}.lock")):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, text.encode())
+            with open(fd, "a", encoding="utf-8") as f:  # writes it all, however long
+                f.write(text)
+                f.flush()
                 size = os.fstat(fd).st_size
-            finally:
-                os.close(fd)
             if size > COMPACT_BYTES:
                 _compact(path, run)
 
