@@ -56,8 +56,14 @@ ASK_AT_MOST = 200
 
 
 def end_of(rec: JobRecord) -> str:
-    """Who ended the job: the provider's cancel, else Slurm's final state; "" while active."""
-    if rec.by:
+    """Who ended the job: Slurm, where its final state says it did (the time limit, a
+    preemption, a failure: a cancel of ours after that changed nothing); else the
+    provider's cancel; else Slurm's final state; "" while active."""
+    if rec.state in END_OF and rec.state not in ("CANCELLED", "COMPLETED"):
+        return END_OF[rec.state]
+    # Our cancel counts unless Slurm had ended the job before it was sent (Ray's terminate
+    # call for a node whose job a user had just scancelled).
+    if rec.by and not (rec.slurm_end and rec.slurm_end < rec.cancelled - 1.0):
         return rec.by
     if rec.state in END_OF:
         return END_OF[rec.state]
@@ -86,7 +92,8 @@ def resolve_ends(recs: RunRecords, cluster: Cluster, notes: list[str],
 def _apply_usage(rec: JobRecord, u: Usage) -> None:
     if u.state in FINAL_STATES:
         rec.state = u.state
-        rec.ended = slurm_time(u.end) or rec.ended
+        rec.slurm_end = slurm_time(u.end)
+        rec.ended = rec.slurm_end or rec.ended
     rec.started = slurm_time(u.start) or rec.started
     try:
         rec.billing = float(u.tres.get("billing", "0"))
@@ -96,8 +103,7 @@ def _apply_usage(rec: JobRecord, u: Usage) -> None:
 
 
 def _ask_controller(recs: RunRecords, cluster: Cluster, notes: list[str]) -> list[Event]:
-    todo = [r for r in recs.jobs.values()
-            if r.ended and not r.by and r.state not in FINAL_STATES]
+    todo = [r for r in recs.jobs.values() if r.ended and r.state not in FINAL_STATES]
     out: list[Event] = []
     reader = cluster.client
     if not isinstance(reader, EndReader):  # pyslurm: no way to ask
@@ -109,7 +115,8 @@ def _ask_controller(recs: RunRecords, cluster: Cluster, notes: list[str]) -> lis
             continue
         if end is not None and end.state in FINAL_STATES:
             rec.state = end.state
-            out.append(Event("end", rec.ended, job=rec.job, state=end.state,
+            rec.slurm_end = slurm_time(end.end)
+            out.append(Event("end", rec.slurm_end or rec.ended, job=rec.job, state=end.state,
                              reason=end.reason))
     unknown = sum(1 for r in recs.jobs.values() if end_of(r) == "unknown")
     if unknown:

@@ -107,6 +107,8 @@ class JobRecord:
     reason: str = ""
     by: str = ""  # who ended it (the report fills in what Slurm says)
     billing: float = 0.0  # sacct's billing TRES, where accounting has it
+    cancelled: float = 0.0  # when the provider's first cancel was sent
+    slurm_end: float = 0.0  # when Slurm says the job ended (sacct, scontrol)
 
 
 @dataclass
@@ -167,9 +169,11 @@ def apply(rec: JobRecord, e: Event) -> None:
         rec.ray_up = rec.ray_up or e.t
     elif e.ev == "cancel":
         rec.by = rec.by or e.by
-    elif e.ev == "end":  # its final state, learned later (cli/report.py)
+        rec.cancelled = rec.cancelled or e.t
+    elif e.ev == "end":  # its final state and end time, learned later (cli/report.py)
         rec.state = e.state
         rec.reason = e.reason
+        rec.slurm_end = e.t
     elif e.ev == "gone":
         rec.ended = rec.ended or e.t
     elif e.ev == "job":

@@ -331,6 +331,9 @@ class SlurmNodeProvider(NodeProvider):
         if not jobs:  # nothing, or gang members whose groups live on (gangs.py)
             return None
         down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in jobs)
+        # Jobs we still list: a job Slurm already ended (a user's scancel, then Ray's
+        # terminate call for its dead node) was not ended by this cancel (history.py).
+        live = [j for j in jobs if j in self._nodes or f"{j}.0" in self._nodes]
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         try:
@@ -344,7 +347,7 @@ class SlurmNodeProvider(NodeProvider):
             for job_id in jobs:
                 self._cancelling(job_id, now)
         self.cluster_dir.forget(dirs)
-        self.records.cancelled(jobs, down or self.cluster_dir.teardown_marked())
+        self.records.cancelled(live, down or self.cluster_dir.teardown_marked())
         logger.info("Cancelled Slurm jobs %s", ", ".join(jobs))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
             self.teardown.wait_for_jobs_to_end(jobs, self._clock, self._sleep)

@@ -288,3 +288,31 @@ def test_status_watch_refreshes_in_place_on_a_terminal_only(tty: bool) -> None:
     assert slept == [2.0, 2.0] and "table 2" in out.text
     assert (out.text.count("\x1b[2J") == 3) is tty
     assert (out.text.count("\n# ") + out.text.startswith("# ") == 3) is not tty
+
+
+def test_a_cancel_after_slurm_ended_the_job_is_not_who_ended_it(tmp_path: Path) -> None:
+    """A user scancels a worker; Ray then terminates its dead node. The provider records no
+    cancel for a job it no longer lists, and one sent after Slurm's end (the job still
+    listed a moment) does not count; a preemption or time limit is Slurm's whatever follows."""
+    clock = FakeClock(T0)
+    fake = FakeSlurm(clock)
+    p, c, head_tags, worker_tags = _provider(tmp_path, fake, clock)
+    p.create_node({}, head_tags, 1)
+    (w,) = p.create_node({}, worker_tags, 1)
+    fake.start(w)
+    p.non_terminated_nodes({})
+    fake.finish(w, "CANCELLED")  # the user's scancel
+    p.non_terminated_nodes({})
+    p.terminate_nodes([w])  # Ray's terminate call for the dead node
+    h = History(c.cdir.root)
+    assert h.read(h.current() or "").jobs[w].by == ""
+    from ray_slurm_provider.cli.report import end_of
+    from ray_slurm_provider.provider.history import JobRecord
+
+    rec = JobRecord("1", by="autoscaler", cancelled=T0 + 10, slurm_end=T0 + 5,
+                    state="CANCELLED", ended=T0 + 12)
+    assert end_of(rec) == "scancel"
+    rec.slurm_end = T0 + 10.5  # ended by our cancel
+    assert end_of(rec) == "autoscaler"
+    rec.state = "PREEMPTED"
+    assert end_of(rec) == "preemption"
