@@ -123,13 +123,16 @@ def stats(ms: list[float]) -> dict[str, Any]:
 
 def make_state(state_dir: str, n: int) -> None:
     """The cluster directory a real cluster of that size has (as seen on the sandbox under
-    autoscaler v2): agent.json and ray.json of every running worker and of the head (whose
-    Ray the provider watches too, issue 26.7), tags.json only for the head (Ray sets worker
-    tags only through node updaters, which this provider disables)."""
+    autoscaler v2): the run's records (provider/history.py), agent.json and ray.json of every
+    running worker and of the head (whose Ray the provider watches too, issue 26.7), tags.json
+    only for the head (Ray sets worker tags only through node updaters, which this provider
+    disables)."""
+    from ray_slurm_provider.provider.history import History
     from ray_slurm_provider.state import AgentInfo, ClusterDir, RayUp, write_json
 
     cdir = ClusterDir(state_dir, CLUSTER)
     cdir.create()
+    History(cdir.root).start_run(time.time())  # `ray up` starts the run's records
     write_json(cdir.node("100000").path / "tags.json", {"ray-node-status": "up-to-date"})
     cdir.node("100000").write_agent(AgentInfo(host="n1", pid=1, kind="head", job_id="100000"))
     cdir.node("100000").write_ray_up(RayUp(ip="10.0.0.1", job_id="100000"))

@@ -153,6 +153,11 @@ def _locked(lock: Path) -> Iterator[None]:
         soft.release()
 
 
+def locked(lock: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock file `lock` (as update_json does): for appends other processes make too."""
+    return _locked(lock)
+
+
 def _soft_acquire(lock: Path, clock: Callable[[], float] = time.time) -> filelock.BaseFileLock:
     """A held SoftFileLock on `lock`, breaking a lock file older than STALE_LOCK_S."""
     deadline = clock() + LOCK_WAIT_S
@@ -441,6 +446,13 @@ class ClusterDir:
     def ray_up(self, job_id: str) -> bool:
         """NodeDir.ray_up without building one (per node per tick)."""
         return os.path.exists(f"{self._nodes_dir}/{job_id}/{_RAY}")
+
+    def ray_up_time(self, node_id: str) -> float | None:
+        """When the node's ray.json was written (its Ray came up); None without one."""
+        try:
+            return os.stat(f"{self._nodes_dir}/{node_id}/{_RAY}").st_mtime
+        except OSError:
+            return None
 
     def ray_ip(self, node_id: str) -> str | None:
         """The address the node's Ray bound (NodeDir.read_ray_up's): None without ray.json

@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ray_slurm_provider.cli.validate",
     "ray_slurm_provider.cli.status",
     "ray_slurm_provider.cli.logs",
+    "ray_slurm_provider.cli.report",
     "ray_slurm_provider.cli.doctor",
     "ray_slurm_provider.cli.docs",
     "ray_slurm_provider.cli.schema",

@@ -1,4 +1,4 @@
-"""`ray-slurm status CONFIG [--json] [--ended N]`.
+"""`ray-slurm status CONFIG [--json] [--ended N] [--watch [S]]`.
 
 Asks the controller ONE question (the cluster's job list, as the provider does) and reads the
 rest from the cluster directory: which node's Ray is up and the address it bound (its ray.json;
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
@@ -196,6 +198,26 @@ def status_lines(data: dict[str, Any], now: float | None = None) -> list[str]:
     return [*out, *error_lines(data, now), *ended_lines(data)]
 
 
+def watch(lines: Callable[[], list[str]], out: TextIO, every: float,
+          sleep: Callable[[float], None] = time.sleep, rounds: int | None = None) -> None:
+    """Print `lines()` every `every` seconds until interrupted: in place on a terminal (the
+    screen cleared), else one block after another under a time stamp (a log, a pipe)."""
+    n = 0
+    tty = out.isatty()
+    while rounds is None or n < rounds:
+        body = lines()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        if tty:
+            out.write("\x1b[H\x1b[2J" + f"{stamp} (every {every:g} s; Ctrl-C ends)\n")
+        else:
+            out.write(f"# {stamp}\n")
+        out.write("\n".join(body) + "\n")
+        out.flush()
+        n += 1
+        if rounds is None or n < rounds:
+            sleep(every)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     def body() -> int:
         cluster = load_cluster(args.config)
@@ -208,11 +230,24 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise CliError(f"cannot list the cluster's jobs: {e}") from e
         if args.json:
             print(json.dumps(data, indent=2, sort_keys=True))
+        elif args.watch:
+            try:
+                watch(lambda: _lines_now(cluster, args.ended), sys.stdout, args.watch)
+            except KeyboardInterrupt:
+                pass
         else:
             print("\n".join(status_lines(data)))
         return 0
 
     return run_command(body)
+
+
+def _lines_now(cluster: Cluster, ended: int) -> list[str]:
+    """One refresh: a failed listing is a line, not the end of the watch."""
+    try:
+        return status_lines(status_data(cluster, ended))
+    except SlurmError as e:
+        return [f"cannot list the cluster's jobs: {e}"]
 
 
 def register(sub: Any) -> None:
@@ -223,3 +258,6 @@ def register(sub: Any) -> None:
     p.add_argument("--ended", type=int, default=5, metavar="N",
                    help="also show how the last N nodes that left the queue ended, from "
                    "Slurm's accounting (sacct; default 5, 0: do not ask)")
+    p.add_argument("--watch", type=float, nargs="?", const=5.0, default=None, metavar="S",
+                   help="refresh every S seconds (default 5) until Ctrl-C: in place on a "
+                   "terminal, one block after another otherwise")

@@ -42,7 +42,9 @@ rebuilt; Slurm's NodeAddr before. RAY_UP and a worker's `came_up` event (it clea
 crash hold-back, as `crashed` sets it: both with or without disable_node_updaters) follow
 ray.json, which the agent writes either way; only a worker's status tag waits for that
 setting (`watch_workers`, which bootstrap forces: workers start Ray themselves). "create" and
-"terminate" are the provider's create_node and terminate_nodes, under its lock.
+"terminate" are the provider's create_node and terminate_nodes, under its lock. For the run's
+records (history.py), a listing also reports each job listed in a new Slurm state, each node
+first seen up, and each record it dropped: transitions only, nothing on an unchanged job.
 """
 
 from __future__ import annotations
@@ -146,6 +148,11 @@ class Events:
     orphans: list[str] = field(default_factory=list)  # node ids: ended, Ray still up
     crashed: list[tuple[str, Node]] = field(default_factory=list)  # (job id, record)
     heads: list[Node] = field(default_factory=list)
+    # For the run's records (history.py), each once per job: listed in a new Slurm state,
+    # its Ray seen up (node ids), gone from the active list.
+    listed: list[tuple[str, Job, dict[str, str]]] = field(default_factory=list)
+    ray_up: list[str] = field(default_factory=list)
+    gone: list[Node] = field(default_factory=list)
 
 
 @dataclass
@@ -227,6 +234,11 @@ class _Listing:
             tags[TAG_RAY_NODE_STATUS] = worker_status(job, up)
         if worker and up and seen is None:
             self.events.came_up.append(tags.get(TAG_RAY_USER_NODE_TYPE, ""))
+        first = group is None or group.index == 0
+        if first and (rec is None or rec.phase in _PENDING or rec.job.state != job.state):
+            self.events.listed.append((group.job_id if group else node_id, job, tags))
+        if first and up and seen is None:
+            self.events.ray_up.append(node_id)
         phase = _RAY_UP if up else _LISTED
         ip = seen.ip if seen is not None else None
         self.nodes[node_id] = Node(job, tags, phase, group, ip=ip)
@@ -236,6 +248,8 @@ class _Listing:
         whose prologue fails goes from PENDING to gone between two ticks) that left the queue
         without our scancel or release: an orphan if its Ray is up, else a crash before Ray
         (a gang job's members count once)."""
+        if rec.group is None or rec.group.index == 0:
+            self.events.gone.append(rec)
         if rec.phase in HIDDEN or not rec.job.active:
             return
         if rec.tags.get(TAG_RAY_NODE_KIND) != NODE_KIND_WORKER or self.released(node_id):
@@ -359,4 +373,8 @@ def describe(node_id: str, rec: Node | None) -> str:
     j = rec.job
     where = f" on {j.batch_host}" if j.batch_host else ""
     why = f", reason: {j.reason}" if j.reason and j.reason != "None" else ""
+    # A pending job's %S is the scheduler's estimate (what `squeue --start` shows), once the
+    # backfill scheduler has one.
+    if j.state == "PENDING" and j.start_time:
+        why += f", estimated start {j.start_time} (Slurm's estimate)"
     return f"Slurm job {node_id} is {j.state}{where}{why}"

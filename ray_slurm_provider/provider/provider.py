@@ -58,6 +58,7 @@ from ray_slurm_provider.provider import bootstrap, runs, validation
 from ray_slurm_provider.provider.ends import EarlyEnds
 from ray_slurm_provider.provider.gangs import Gangs, groups, release
 from ray_slurm_provider.provider.guard import LaunchGuard
+from ray_slurm_provider.provider.history import History, Recorder
 from ray_slurm_provider.provider.nodes import (
     HIDDEN,
     Events,
@@ -109,6 +110,7 @@ class SlurmNodeProvider(NodeProvider):
         self.head_time = HeadWalltime(self.cluster_dir.root / "walltime.json")
         self.gangs = Gangs(self.cluster_dir, lambda: self.slurm)
         self.teardown = Teardown(self.cluster_dir, self._list_jobs)
+        self.records = Recorder(History(self.cluster_dir.root), self.cluster_dir)
 
     # --- Slurm access ------------------------------------------------------------------
     @property
@@ -210,6 +212,7 @@ class SlurmNodeProvider(NodeProvider):
                            self.cluster_dir.log(job_id), now)
         for rec in events.heads:
             self.head_time.observe(rec.job)
+        self.records.listing(events)
 
     def _record(self, node_id: str) -> Node | None:
         """A shown node's record (atomic; called per node per tick, so no lock)."""
@@ -293,12 +296,14 @@ class SlurmNodeProvider(NodeProvider):
             self.cluster_dir.clear_teardown()
             listed = self.slurm.list_jobs(job_name(self.cluster_name))  # their logs stay
             runs.new_run(self.cluster_dir, [j.job_id for j in listed])  # ids may restart
+            self.records.new_run()
         n = nt.node_config.nodes  # a gang type: whole groups of n nodes, one job each
         ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec,
                                     {**tags, GROUP_TAG: str(n)} if n > 1 else tags, node_type,
                                     head, groups(count, n))  # one sbatch (an array) if it can
         if head:
             runs.record_head(self.cluster_dir, ids[0])
+        self.records.submitted(ids, spec, node_type, head)
         logger.info("Submitted Slurm job(s) %s for %s node type %s", ", ".join(ids),
                     "the head of" if head else "workers of", node_type)
         created: dict[str, Any] = {}
@@ -326,6 +331,9 @@ class SlurmNodeProvider(NodeProvider):
         if not jobs:  # nothing, or gang members whose groups live on (gangs.py)
             return None
         down = any(self.node_tags(i).get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD for i in jobs)
+        # Jobs we still list: a job Slurm already ended (a user's scancel, then Ray's
+        # terminate call for its dead node) was not ended by this cancel (history.py).
+        live = [j for j in jobs if j in self._nodes or f"{j}.0" in self._nodes]
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         try:
@@ -339,6 +347,7 @@ class SlurmNodeProvider(NodeProvider):
             for job_id in jobs:
                 self._cancelling(job_id, now)
         self.cluster_dir.forget(dirs)
+        self.records.cancelled(live, down or self.cluster_dir.teardown_marked())
         logger.info("Cancelled Slurm jobs %s", ", ".join(jobs))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
             self.teardown.wait_for_jobs_to_end(jobs, self._clock, self._sleep)

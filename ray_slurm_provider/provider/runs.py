@@ -2,7 +2,8 @@
 
 Job ids are not unique over time (a new sandbox starts again at 1, a controller whose state
 was reset, sites that wrap around), so before a new head is submitted the logs of the jobs
-Slurm no longer lists move to `logs/runs/<time>/`: a new job can never write into an ended
+Slurm no longer lists move to `logs/runs/<run id>/` (the ended run's start time, history.py;
+the time of the move for a run without records): a new job can never write into an ended
 job's file. The log of a job Slurm still lists stays where that job writes it (Slurm opened
 `logs/<id>.out` when the job started; a moved file would leave `logs/<id>.out` missing while
 the job runs on): its id cannot be given to a new job while it is listed, and it moves with
@@ -25,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ray_slurm_provider.nodespec import split
+from ray_slurm_provider.provider.history import History
 from ray_slurm_provider.state import ClusterDir
 
 _LAST_HEAD = "last_head"
@@ -41,7 +43,8 @@ def new_run(cdir: ClusterDir, listed: Iterable[str]) -> Path | None:
     kept = [d for d in sorted(ray_logs.glob("*")) if split(d.name)[0] not in live]
     if not old and not kept:
         return None
-    dest = cdir.logs / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    # Named by the run they belong to (history.py: its start time), where it has records.
+    dest = cdir.logs / "runs" / (History(cdir.root).current() or time.strftime("%Y%m%d-%H%M%S"))
     n = 0
     while dest.exists():  # two runs in one second
         n += 1

@@ -59,6 +59,42 @@ class Association:
     default_qos: str
 
 
+#: sacct -o fields of `Accounting.usage`, in order.
+USAGE_FIELDS = ("JobID", "State", "Start", "End", "AllocTRES")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What accounting recorded of one job: its state, when it held its allocation (Slurm's
+    local times, "" when none) and the TRES it was allocated (`{"billing": "4", "cpu": "4",
+    "gres/gpu": "1", "node": "1"}`)."""
+
+    job_id: str
+    state: str
+    start: str
+    end: str
+    tres: Mapping[str, str]
+
+
+def parse_usage(stdout: str) -> list[Usage]:
+    """Jobs from `sacct -X -n -P --delimiter=DELIM -o USAGE_FIELDS`; ValueError on a bad line."""
+    out = []
+    n = len(USAGE_FIELDS)
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(DELIM)]
+        if len(parts) != n:
+            raise ValueError(f"sacct line has {len(parts)} fields, expected {n}: {line!r}")
+        job_id, state, start, end, tres = parts
+        pairs = (kv.partition("=") for kv in tres.split(",") if "=" in kv)
+        out.append(Usage(job_id=job_id, state=state.split()[0] if state else "",
+                         start="" if start in ("Unknown", "None") else start,
+                         end="" if end in ("Unknown", "None") else end,
+                         tres={k: v for k, _, v in pairs}))
+    return out
+
+
 def parse_sacct(stdout: str) -> list[EndedJob]:
     """Jobs from `sacct -X -n -P --delimiter=DELIM -o SACCT_FIELDS`; ValueError on a bad line."""
     out = []
@@ -146,6 +182,13 @@ class Accounting:
             "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--name={job_name}",
             f"--user={user or _me()}", f"--starttime={since}", "--endtime=now",
             f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"])
+
+    def usage(self, job_name: str, since: str, user: str | None = None) -> list[Usage]:
+        """This user's jobs named `job_name` that were active since `since` (any state)."""
+        return self._parsed(parse_usage, [
+            "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--name={job_name}",
+            f"--user={user or _me()}", f"--starttime={since}", "--endtime=now",
+            f"--format={','.join(USAGE_FIELDS)}"])
 
     def ended_job(self, job_id: str) -> EndedJob | None:
         """How job `job_id` (123 or 123_4) ended; None while accounting has no end for it

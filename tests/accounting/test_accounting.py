@@ -219,6 +219,12 @@ def test_a_preempted_worker_is_replaced_and_its_task_completes(
         lines = wait_for(lambda: [ln for ln in _ended(c, capsys) if worker in ln
                                   and "PREEMPTED" in ln], 120, "status to say PREEMPTED")
         assert lines
+        # Issue 31: the report, from accounting: who ended it, and the billing TRES held.
+        assert cli.main(["report", str(c.path), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        ends = {j["job"]: j["end"] for j in data["jobs"]}
+        assert ends[worker] == "preemption", ends
+        assert data["types"]["scav"]["billing_hours"] > 0, data["types"]
     finally:
         cancel_preemptor(high)
 

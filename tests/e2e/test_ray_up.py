@@ -17,12 +17,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from ray_slurm_provider.jobs import temp_dir
-from tests.e2e import procfs
+from tests.e2e import browser, procfs
 from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -163,6 +164,19 @@ def test_ray_logs_of_a_scancelled_worker_outlive_its_job(cluster: RayCluster) ->
     raylet = ray_slurm(cluster, "logs", str(cluster.path), worker, "--ray", "raylet.out")
     assert raylet.returncode == 0 and raylet.stdout.strip(), raylet.stderr
     STATE["scancelled worker"] = worker
+    # Issue 31: the report, while the cluster runs, knows who ended it (the controller, as
+    # the sandbox keeps no accounting: the records keep its answer for after MinJobAge).
+    wait_for(lambda: report(cluster).get(worker, {}).get("end") == "scancel", 60,
+             "the report to say the worker was scancelled", every=2)
+
+
+def report(cluster: RayCluster, *args: str) -> dict[str, dict[str, Any]]:
+    """`ray-slurm report CFG --json`'s jobs by id."""
+    cp = ray_slurm(cluster, "report", str(cluster.path), "--json", *args)
+    assert cp.returncode == 0, cp.stderr
+    data = json.loads(cp.stdout)
+    STATE["report"] = data
+    return {j["job"]: j for j in data["jobs"]}
 
 
 def test_tools_in_a_shell_after_ray_slurm_env(cluster: RayCluster) -> None:
@@ -265,3 +279,40 @@ def test_down_leaves_nothing(cluster: RayCluster) -> None:
         assert listing.returncode == 0 and "raylet.out" in listing.stdout, (job, listing)
     monitor = ray_slurm(cluster, "logs", str(cluster.path), "head", "--ray", "monitor.log")
     assert "Autoscaler" in monitor.stdout or "autoscaler" in monitor.stdout, monitor
+
+
+def test_report_after_down_in_a_browser(cluster: RayCluster, tmp_path: Path) -> None:
+    """Issue 31: after `ray down`, `ray-slurm report` has every job of the run, each ended and
+    by whom; its page, opened headless, has one bar per job with the same ends and totals,
+    and loads nothing over the network."""
+    jobs = report(cluster)
+    data = STATE["report"]
+    head = cluster.cdir.read_head()  # gone after `ray down`: the records still name it
+    assert head is None and len(jobs) >= 3, jobs
+    heads = [j for j in jobs.values() if j["kind"] == "head"]
+    assert [j["end"] for j in heads] == ["ray down"], heads
+    assert jobs[STATE["scancelled worker"]]["end"] == "scancel"
+    assert all(j["ended"] and j["end"] != "active" for j in jobs.values()), jobs
+    assert any(j["end"] == "autoscaler" for j in jobs.values()), jobs  # idle scale-down
+    assert all(j["ray_up"] for j in heads) and data["ended"] and data["wall_s"] > 0
+    records = cluster.cdir.root / "history" / f"{data['run']}.jsonl"
+    print("REPORT records bytes", records.stat().st_size, "jobs", len(jobs))
+    html = tmp_path / "report.html"
+    cp = ray_slurm(cluster, "report", str(cluster.path), "--html", str(html))
+    assert cp.returncode == 0 and html.is_file(), cp.stderr
+    t0 = time.monotonic()
+    with browser.page(html) as page:
+        bars = page.find_elements("css selector", "g.job")
+        assert sorted(b.get_attribute("data-job") for b in bars) == sorted(jobs)
+        assert {b.get_attribute("data-job"): b.get_attribute("data-end") for b in bars} == {
+            k: j["end"] for k, j in jobs.items()}
+        total = page.find_element("css selector", "#totals .card b").text
+        assert total == str(sum(t["jobs"] for t in data["types"].values()))
+        assert browser.network_entries(page) == []
+        shot = tmp_path / "report.png"
+        browser.full_screenshot(page, shot)
+        assert shot.stat().st_size > 10_000
+        keep = os.environ.get("RSP_REPORT_SCREENSHOT")
+        if keep:
+            Path(keep).write_bytes(shot.read_bytes())
+    TIMINGS["report page in the browser"] = time.monotonic() - t0

@@ -331,3 +331,26 @@ def test_a_queued_head_that_starts_within_the_wait_is_taken(
     monkeypatch.setattr(proc, "run", lambda argv, **kw: proc.Result(list(argv), 0, "up", ""))
     assert r.run("uptime", timeout=10, with_output=True) == b"up"
     assert f.jobs[head].job.state == "RUNNING"
+
+
+def test_a_queued_heads_wait_shows_slurms_estimated_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31 item 4: while `ray up` waits, Slurm's reason, the wait so far and the
+    scheduler's estimated start (squeue's %S for a pending job: `squeue --start`'s)."""
+    from dataclasses import replace
+
+    from tests.fakes import FakeClock
+
+    p, f = make(tmp_path, head_wait_s=120)
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    f.set_state(head, "PENDING", "Resources")
+    f.jobs[head].job = replace(f.jobs[head].job, start_time="2027-01-15T09:30:00")
+    r = p.get_command_runner("", head, {}, "c1", None, True)
+    clock = FakeClock()
+    r._clock = clock.now
+    r._sleep = clock.advance
+    with pytest.raises(NodeNotReady):
+        r.run("uptime", timeout=10)
+    out = capsys.readouterr().out
+    assert "reason: Resources, estimated start 2027-01-15T09:30:00 (Slurm's estimate)" in out
+    assert "waited 01:00 of 02:00" in out
