@@ -229,6 +229,12 @@ class NodeContainer:
         if argv:
             self._run(argv, timeout=60)
 
+    def clear(self) -> None:
+        """Remove an earlier start's container of this job, where the runtime keeps one."""
+        argv = self.rt.clear(self.ctx)
+        if argv:
+            self._run(argv, timeout=60)
+
     def check_slurm(self, cluster_dir: str, cluster_name: str) -> None:
         """From inside the head's container: can the autoscaler reach Slurm?"""
         probe = self.rt.exec(self.ctx, [self.cfg.python_command, "-m",

@@ -83,6 +83,10 @@ class Runtime:
         """argv that removes the container whatever its state (last resort at job end)."""
         return None
 
+    def clear(self, ctx: RunContext) -> list[str] | None:
+        """argv that removes an earlier run's container of this job before a start."""
+        return self.remove(ctx)
+
     def list_cluster(self, ctx: RunContext) -> list[str] | None:
         """argv listing `<name> <job id>` of this cluster's containers on this node."""
         return None

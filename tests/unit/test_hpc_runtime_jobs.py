@@ -32,6 +32,28 @@ with open(os.environ["REC"], "a") as f:
     f.write(json.dumps([name, *sys.argv[1:]]) + "\\n")
 if name == "scontrol":
     sys.stdout.write(open({nodes!r}).read())
+elif name == "enroot":
+    # As the real enroot 4.1.2 does (measured on the sandbox): `start` runs a root
+    # filesystem `create` made (and `remove` deleted); a --mount is an fstab line with ':'
+    # for blanks, so `src:dst:ro` names the filesystem type "ro".
+    roots = os.environ["REC"] + ".roots"
+    os.makedirs(roots, exist_ok=True)
+    args = sys.argv[1:]
+    if args[0] == "create":
+        os.makedirs(os.path.join(roots, args[args.index("--name") + 1]), exist_ok=True)
+    elif args[0] == "remove":
+        for n in args[1:]:
+            if os.path.isdir(os.path.join(roots, n)):
+                os.rmdir(os.path.join(roots, n))
+    elif args[0] == "start":
+        for i, a in enumerate(args):
+            if a == "--mount" and len(args[i + 1].split(":")) >= 3 \
+                    and args[i + 1].split(":")[2] != "none":
+                sys.exit("enroot-mount: failed to mount: " + args[i + 1] + ": No such device")
+        names = [a for a in args if os.path.isdir(os.path.join(roots, a))]
+        if not names:
+            sys.exit("[ERROR] No such file or directory: " + roots)
+        print("Ray runtime started.", flush=True)
 elif "start" in sys.argv and "ray" in " ".join(sys.argv):
     print("Ray runtime started.", flush=True)
 """
@@ -55,7 +77,7 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
     pcfg = load(ProviderConfig, {"state_dir": str(state), "auth": {"mode": "token"}},
                 "provider")
     ncfg = load(NodeConfig, {"partition": "gpu", "container": {
-        "runtime": runtime, "image": str(image), "mounts": ["/data:/data"],
+        "runtime": runtime, "image": str(image), "mounts": ["/data:/data", "/usr:/usr:ro"],
         "environment": {"NCCL_DEBUG": "INFO"}}}, "node_config")
     nt = NodeType("gpu_worker", ncfg, resources={"CPU": 2, "GPU": 1},
                   commands=NodeCommands(start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]))

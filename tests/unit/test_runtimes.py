@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ def render(runtime: str) -> str:
         "run": rt.run(c, RAY, {"RAY_AUTH_MODE": "token"}),
         "exec": rt.exec(c, ["bash", "-c", "ray status"]),
         "exec_tty": rt.exec(c, ["bash"], interactive=True),
+        "exec_host_python": rt.exec(replace(c, path="/venv/bin:/usr/bin:/bin"), ["true"]),
         "stop": rt.stop(c),
         "remove": rt.remove(c),
         "step_options": rt.step_options(c),
@@ -52,7 +54,11 @@ def render(runtime: str) -> str:
 
 
 @pytest.mark.parametrize("runtime", sorted(set(RUNTIMES) - {"none"}))
-def test_golden(runtime: str) -> None:
+def test_golden(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Enroot's second `start` passes what the caller has of these (hpc.EXEC_ENV).
+    for name in ("PATH", "PYTHONPATH", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
     path = GOLDEN / f"{runtime}.json"
     text = render(runtime)
     if os.environ.get("UPDATE_GOLDEN"):
