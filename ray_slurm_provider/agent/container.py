@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.config import ContainerConfig
-from ray_slurm_provider.runtimes import RunContext, get_runtime
+from ray_slurm_provider.runtimes import RunContext, get_runtime, images
 from ray_slurm_provider.runtimes.docker import is_tar
 from ray_slurm_provider.schema import load
 from ray_slurm_provider.state import AgentInfo
@@ -161,6 +161,9 @@ class NodeContainer:
             if not Path(image).is_file():
                 raise RuntimeError(f"container image file {image} does not exist or is not a "
                                    "file (it must be on a filesystem this node can read)")
+        why = images.problem(self.cfg.runtime, image)  # what `ray up` checks where it can
+        if why:
+            raise RuntimeError(f"container.image: {why}")
         cmds = self.rt.prepare(self.ctx)
         if not cmds:
             return

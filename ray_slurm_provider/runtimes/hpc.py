@@ -46,6 +46,8 @@ class Apptainer(Runtime):
 #: What a second `enroot start` (`ray exec`, the head's Slurm probe) passes in when the
 #: caller has it: enroot sets a name the caller lacks to "" (measured: `--env NOPE`).
 EXEC_ENV = ("PATH", "PYTHONPATH", "SLURM_CONF", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+#: ... and always: it runs in a step of the node's job (its argv is built before, outside).
+STEP_ENV = ("SLURM_JOB_ID",)
 
 
 class Enroot(Runtime):
@@ -73,7 +75,7 @@ class Enroot(Runtime):
         out = [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "start", *self.common(ctx)]
         if ctx.path:
             out += ["--env", f"PATH={ctx.path}"]
-        names = {k for k in EXEC_ENV if k in os.environ} | set(ctx.cfg.environment)
+        names = {*STEP_ENV, *(k for k in EXEC_ENV if k in os.environ), *ctx.cfg.environment}
         for k in sorted(names - {"PATH"} if ctx.path else names):
             out += ["--env", k]
         return [*out, ctx.name, *argv]

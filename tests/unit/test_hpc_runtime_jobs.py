@@ -72,7 +72,7 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
                                  nodes=str(FIXTURES / "scontrol_show_node.txt")))
         p.chmod(0o755)
     image = tmp_path / IMAGES[runtime].rsplit("/", 1)[1]
-    image.write_text("not really an image")
+    image.write_bytes(b"hsqs, not really an image")  # the agent checks squashfs's magic
     state = tmp_path / "state"
     pcfg = load(ProviderConfig, {"state_dir": str(state), "auth": {"mode": "token"}},
                 "provider")
