@@ -11,9 +11,9 @@ Stages, in order; one with errors ends the run, as later rules assume what it ch
    cluster.parse_cluster); Ray's scaling keys; start commands; gang types.
 2. Ray's own schema (`ray/autoscaler/ray-schema.json` of the installed Ray).
 3. values: temp dir length, time format, memory, drain lead time, images, and every job's
-   fields as the batch-script renderer would check them; on the login node (the whole
-   YAML, not over REST), an Enroot/Pyxis image file exists and is a squashfs; with Slurm's
-   view requested and the CLI, pyxis is loaded (`srun --help` lists --container-image).
+   fields as the batch-script renderer would check them; with Slurm's view requested on
+   the login node (the whole YAML, not over REST), an Enroot/Pyxis image file exists and is
+   a squashfs, and with the CLI pyxis is loaded (`srun --help` lists --container-image).
 4. live, when Slurm's view is given: partitions exist, time/GPUs/CPUs/memory fit them;
    accounts and QOSes against the user's associations (when those are given). Those rules
    live in provider/fit.py (what a partition's nodes have); this module orders them.
@@ -411,10 +411,11 @@ def run(config: Mapping[str, Any] | None, cluster: ClusterConfig | None = None, 
         found += _try("values", check_node_values, cluster, t)
     if _errors(found):
         return cluster, found
-    if config is not None:  # on the login node: the head's container may not see the file
+    # On the login node, against the site (not offline: example configs name sites' files;
+    # not on the head: its container may not see the file).
+    if config is not None and info is not None:
         for t in cluster.node_types:
             found += _try("image", check_image_file, cluster, t)
-    if info is not None:
         found += _try("pyxis", check_pyxis_loaded, cluster, pyxis_help)
     if _errors(found):
         return cluster, found

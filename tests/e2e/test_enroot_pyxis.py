@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -75,10 +76,28 @@ def job_pids(job: str, needle: str) -> list[int]:
             if needle in cmd and procfs.environ(pid).get("SLURM_JOB_ID") == job]
 
 
-def left_of(sandbox: Sandbox, jobs: set[str]) -> list[str]:
-    """What root's enroot keeps of `jobs` (containers, roots, mounts), and drained nodes."""
-    return [x for x in leftovers(sandbox, None)
-            if "drain" in x or any(j in x for j in jobs)]
+def left_of(sandbox: Sandbox, cluster: RayCluster, jobs: set[str]) -> list[str]:
+    """What root's enroot keeps of `jobs` (containers, roots, mounts: their names hold
+    `rsp-<cluster>-<job>`, pyxis's as `pyxis_<job>_rsp-<cluster>-<job>`), drained nodes."""
+    names = re.compile("|".join(rf"rsp-{cluster.name}-{j}(?!\d)" for j in jobs))
+    return [x for x in leftovers(sandbox, None) if "drain" in x or names.search(x)]
+
+
+def remains(sandbox: Sandbox, cluster: RayCluster, jobs: set[str]) -> list[str]:
+    """Everything of `jobs` still there: Slurm jobs, Ray processes, enroot's leftovers."""
+    queued = [f"job {j}" for j, _ in cluster.jobs() if j in jobs]
+    procs = [f"pid {p}" for p in ray_pids(jobs)]
+    return queued + procs + left_of(sandbox, cluster, jobs)
+
+
+def settle(sandbox: Sandbox, cluster: RayCluster, jobs: set[str]) -> list[str]:
+    """Poll `remains` until it is empty or CLEAN_S passed; return the last."""
+    deadline = time.monotonic() + CLEAN_S
+    left = remains(sandbox, cluster, jobs)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = remains(sandbox, cluster, jobs)
+    return left
 
 
 @pytest.fixture(scope="module", params=["enroot", "pyxis"])
@@ -154,12 +173,11 @@ def test_scancel_of_a_worker_leaves_nothing_of_it(cluster: RayCluster, sandbox: 
     workers = JOBS[runtime(cluster)] - {str(cluster.head()["job_id"])}
     assert workers
     job = sorted(workers)[0]
-    assert ray_pids({job}) and left_of(sandbox, {job})  # it runs, in a container
+    assert ray_pids({job}) and left_of(sandbox, cluster, {job})  # it runs, in a container
     t0 = time.monotonic()
     subprocess.run(["scancel", job], check=True, timeout=30)
-    wait_for(lambda: not ray_pids({job}) and not left_of(sandbox, {job})
-             and job not in {j for j, _ in cluster.jobs()}, CLEAN_S,
-             f"job {job}, its Ray and its container to go", every=0.5)
+    left = settle(sandbox, cluster, {job})
+    assert not left, f"left of job {job} after {CLEAN_S:.0f}s: {left}"
     TIMINGS[f"{runtime(cluster)}: scancel -> nothing left"] = time.monotonic() - t0
 
 
@@ -168,8 +186,8 @@ def test_ray_down_leaves_nothing(cluster: RayCluster, sandbox: Sandbox) -> None:
     t0 = time.monotonic()
     cluster.down()
     assert cluster.jobs() == []  # `ray down` returned once Slurm had ended them
-    wait_for(lambda: not ray_pids(jobs) and not left_of(sandbox, jobs), CLEAN_S,
-             "no Ray process and no container of the cluster", every=0.5)
+    left = settle(sandbox, cluster, jobs)
+    assert not left, f"left of the cluster after {CLEAN_S:.0f}s: {left}"
     TIMINGS[f"{runtime(cluster)}: ray down -> nothing left"] = time.monotonic() - t0
     assert leftovers(sandbox, None) == []  # `enroot list` is empty too
     assert not [p for p in Path(sandbox.layout.enroot_dir, "nodes").glob("*/data/*/*")]

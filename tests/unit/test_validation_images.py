@@ -40,9 +40,14 @@ def helped(text: str) -> Any:
     return lambda: text
 
 
+def check(c: dict[str, Any]) -> list[validation.Finding]:
+    """The pipeline as `ray up` runs it on a login node whose srun loads pyxis."""
+    return validation.run(c, info=info(), env={}, pyxis_help=helped(SRUN_HELP))[1]
+
+
 @pytest.mark.parametrize("runtime", ["enroot", "pyxis"])
 def test_a_missing_sqsh_is_one_line(runtime: str, tmp_path: Path) -> None:
-    found = validation.validate(cfg(runtime, str(tmp_path / "nope.sqsh")))
+    found = check(cfg(runtime, str(tmp_path / "nope.sqsh")))
     assert seen(found) == [("error", f"{KEY}.image", "image")]
     assert "nope.sqsh does not exist" in found[0].message and "\n" not in str(found[0])
     assert "enroot import -o" in found[0].message
@@ -50,7 +55,7 @@ def test_a_missing_sqsh_is_one_line(runtime: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("runtime", ["enroot", "pyxis"])
 def test_a_file_that_is_not_squashfs_is_one_line(runtime: str, tmp_path: Path) -> None:
-    found = validation.validate(cfg(runtime, sqsh(tmp_path, b"PK\x03\x04 a zip file")))
+    found = check(cfg(runtime, sqsh(tmp_path, b"PK\x03\x04 a zip file")))
     assert seen(found) == [("error", f"{KEY}.image", "image")]
     assert "is not a squashfs file" in found[0].message
 
@@ -60,31 +65,36 @@ def test_a_file_that_is_not_squashfs_is_one_line(runtime: str, tmp_path: Path) -
                                    "docker://ubuntu:24.04", "dockerd://rsp-bind:latest",
                                    "ubuntu:24.04"])
 def test_pyxis_leaves_registry_references_to_enroot(image: str) -> None:
-    assert validation.validate(cfg("pyxis", image)) == []
+    assert check(cfg("pyxis", image)) == []
     assert images.squashfs_path("pyxis", image) is None
 
 
 def test_enroot_leaves_its_uris_alone_and_takes_the_rest_for_a_file(tmp_path: Path) -> None:
-    assert validation.validate(cfg("enroot", "nvcr.io#nvidia/pytorch:25.01-py3")) == []
-    assert validation.validate(cfg("enroot", "docker://ubuntu:24.04")) == []
-    assert validation.validate(cfg("enroot", sqsh(tmp_path))) == []
+    assert check(cfg("enroot", "nvcr.io#nvidia/pytorch:25.01-py3")) == []
+    assert check(cfg("enroot", "docker://ubuntu:24.04")) == []
+    assert check(cfg("enroot", sqsh(tmp_path))) == []
 
 
 def test_pyxis_would_pull_a_relative_sqsh_from_a_registry() -> None:
-    found = validation.validate(cfg("pyxis", "images/ray.sqsh"))
+    found = check(cfg("pyxis", "images/ray.sqsh"))
     assert seen(found) == [("error", f"{KEY}.image", "image")]
     assert "./images/ray.sqsh" in found[0].message
 
 
+def test_offline_the_files_are_not_asked_for(tmp_path: Path) -> None:
+    """`validate --offline` (and the example configs' test) name files of other sites."""
+    assert validation.validate(cfg("enroot", str(tmp_path / "nope.sqsh"))) == []
+
+
 def test_a_good_sqsh_and_other_runtimes_pass(tmp_path: Path) -> None:
-    assert validation.validate(cfg("pyxis", sqsh(tmp_path))) == []
-    assert validation.validate(cfg("docker", "/not/there.sqsh")) == []
+    assert check(cfg("pyxis", sqsh(tmp_path))) == []
+    assert check(cfg("docker", "/not/there.sqsh")) == []
 
 
 def test_over_rest_the_file_is_left_to_the_job(tmp_path: Path) -> None:
     c = cfg("enroot", str(tmp_path / "nope.sqsh"), slurm_api="rest",
             rest={"url": "http://slurm:6820", "jwt_file": str(tmp_path / "jwt")})
-    assert [f for f in validation.validate(c) if f.rule == "image"] == []
+    assert [f for f in check(c) if f.rule == "image"] == []
 
 
 def test_pyxis_not_loaded_is_one_line_when_slurm_is_asked(tmp_path: Path) -> None:
