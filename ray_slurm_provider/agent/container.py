@@ -194,6 +194,7 @@ class NodeContainer:
             out["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         if self.ctx.path:
             out["PATH"] = self.ctx.path
+        out.update(self.rt.gpu_env(self.ctx))
         out.update(self.cfg.environment)
         return out
 

@@ -279,31 +279,30 @@ def check_image_file(cluster: ClusterConfig, t: str) -> None:
         raise ConfigError(f"available_node_types.{t}.node_config.container.image: {why}")
 
 
-def check_pyxis_loaded(cluster: ClusterConfig, srun_help: Lazy) -> None:
+def check_pyxis_loaded(cluster: ClusterConfig, srun_help: Lazy) -> list[Finding]:
     """A Pyxis node type needs pyxis in Slurm's plugstack: `srun --help` then lists
-    `--container-image`. Only with the CLI on the login node (srun parses the option there)."""
-    if cluster.provider.slurm_api != "cli":
-        return
+    `--container-image`. Only with the CLI on the login node (srun parses the option there).
+    An srun that fails (no slurm.conf: it reads the plugstack from there) is a warning."""
     typed = [t for t, nt in cluster.node_types.items()
              if nt.node_config.container.runtime == "pyxis"]
-    if not typed:
-        return
+    if cluster.provider.slurm_api != "cli" or not typed:
+        return []
+    key = f"available_node_types.{typed[0]}.node_config.container.runtime"
     try:
         text = str(srun_help())
     except proc.CommandError as e:
-        raise ConfigError(f"available_node_types.{typed[0]}.node_config.container.runtime: "
-                          f"pyxis not checked, `srun --help` failed: {e}") from None
-    if "--container-image" not in text:
-        raise ConfigError(
-            f"available_node_types.{typed[0]}.node_config.container.runtime: 'pyxis' needs "
-            "the pyxis SPANK plugin, but `srun --help` here lists no --container-image: add "
-            "pyxis to Slurm's plugstack.conf (docs/containers.md, Pyxis), or use runtime "
-            "enroot")
+        first = (e.stderr or str(e)).strip().splitlines()[:1]
+        return [Finding("warning", key, f"pyxis not checked: `srun --help` failed: "
+                        f"{first[0] if first else e}", "pyxis")]
+    if "--container-image" in text:
+        return []
+    return [Finding("error", key, "'pyxis' needs the pyxis SPANK plugin, but `srun --help` "
+                    "here lists no --container-image: add pyxis to Slurm's plugstack.conf "
+                    "(docs/containers.md, Pyxis), or use runtime enroot", "pyxis")]
 
 
 def srun_help() -> str:
-    res = proc.run(["srun", "--help"], timeout=30, check=False)
-    return res.stdout + res.stderr
+    return proc.run(["srun", "--help"], timeout=30).stdout
 
 
 def v1_colocation_warning(cluster: ClusterConfig, env: Mapping[str, str]) -> str | None:
@@ -416,7 +415,7 @@ def run(config: Mapping[str, Any] | None, cluster: ClusterConfig | None = None, 
     if config is not None and info is not None:
         for t in cluster.node_types:
             found += _try("image", check_image_file, cluster, t)
-        found += _try("pyxis", check_pyxis_loaded, cluster, pyxis_help)
+        found += check_pyxis_loaded(cluster, pyxis_help)
     if _errors(found):
         return cluster, found
     if callable(info):

@@ -99,6 +99,10 @@ class Runtime:
         rows = [line.split() for line in stdout.splitlines()]
         return [(r[0], r[1]) for r in rows if len(r) == 2]
 
+    def gpu_env(self, ctx: RunContext) -> dict[str, str]:
+        """Variables that give the container exactly the job's GPUs (where flags do not)."""
+        return {}
+
     def step_options(self, ctx: RunContext) -> list[str]:
         """Extra `srun` options for a step that must run inside the container (pyxis)."""
         return []

@@ -83,6 +83,13 @@ class Enroot(Runtime):
     def remove(self, ctx: RunContext) -> list[str] | None:
         return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "remove", "--force", ctx.name]
 
+    def gpu_env(self, ctx: RunContext) -> dict[str, str]:
+        # Enroot's NVIDIA hook mounts the devices NVIDIA_VISIBLE_DEVICES names (host ids);
+        # unset, the image's value decides (NGC images: all of the node's GPUs).
+        if ctx.cfg.gpus and ctx.gpu_ids:
+            return {"NVIDIA_VISIBLE_DEVICES": ",".join(ctx.gpu_ids)}
+        return {}
+
     def clear(self, ctx: RunContext) -> list[str] | None:
         # `start` runs the root filesystem `prepare` created: removing it would leave
         # nothing to start ("[ERROR] No such file or directory: <data path>/<name>").

@@ -59,8 +59,13 @@ def test_the_enroot_variant_of_the_gpu_worker() -> None:
     container = yaml.safe_load("\n".join(block))
     assert container["runtime"] == "enroot"
     c = worker(container)
-    argv, _ = c.wrap(["ray", "start", "--block"], dict(JOB_ENV))
+    argv, env = c.wrap(["ray", "start", "--block"], dict(JOB_ENV))
     assert argv[:3] == ["enroot", "start", "--rw"]
+    # The NVIDIA hook's switch: exactly the job's GPUs (host ids), as docker's --gpus; the
+    # container then numbers them from 0, so Slurm's CUDA_VISIBLE_DEVICES stays out.
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "2,3"
+    assert argv[argv.index("NVIDIA_VISIBLE_DEVICES") - 1] == "--env"
+    assert "CUDA_VISIBLE_DEVICES" not in argv
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "--mount"]
     assert "/scratch:/scratch:none:x-create=auto,rbind" in mounts
     assert argv[argv.index("NCCL_DEBUG") - 1] == "--env"  # by name: no value in argv

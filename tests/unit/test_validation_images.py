@@ -17,9 +17,10 @@ from ray_slurm_provider.runtimes import images
 from tests.unit.test_validation import BASE, info, seen
 
 KEY = "available_node_types.a.node_config.container"
-SRUN_HELP = ("Usage: srun [OPTIONS(0)...]\n"
-             "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n")
-PLAIN_HELP = "Usage: srun [OPTIONS(0)...]\n  -N, --nodes=N\n"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
+#: `srun --help` recorded on the sandbox with pyxis 0.24.0 loaded and without.
+SRUN_HELP = FIXTURES.joinpath("srun_help_pyxis.txt").read_text()
+PLAIN_HELP = FIXTURES.joinpath("srun_help.txt").read_text()
 
 
 def cfg(runtime: str, image: str, **provider: Any) -> dict[str, Any]:
@@ -119,12 +120,15 @@ def test_pyxis_is_not_asked_offline_over_rest_or_without_pyxis(tmp_path: Path) -
             if f.rule == "pyxis"] == []
 
 
-def test_srun_that_fails_is_one_line(tmp_path: Path) -> None:
+def test_srun_that_fails_is_a_warning_in_its_words(tmp_path: Path) -> None:
+    """Measured: srun without a slurm.conf fails before it prints its help."""
     def fails() -> str:
-        raise proc.CommandNotFound(["srun", "--help"], "srun: command not found")
+        raise proc.CommandFailed(["srun", "--help"], "exit 1", 1, "",
+                                 FIXTURES.joinpath("srun_help_no_conf.stderr.txt").read_text())
     _, found = validation.run(cfg("pyxis", sqsh(tmp_path)), info=info(), env={},
                               pyxis_help=fails)
-    assert seen(found) == [("error", f"{KEY}.runtime", "pyxis")]
+    assert seen(found) == [("warning", f"{KEY}.runtime", "pyxis")]
+    assert "srun: error: resolve_ctls_from_dns_srv" in found[0].message
 
 
 def test_the_job_log_says_the_same_where_ray_up_could_not_check(tmp_path: Path) -> None:
