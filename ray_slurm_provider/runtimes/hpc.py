@@ -130,9 +130,15 @@ class Pyxis(Runtime):
         return out
 
     def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        # One task on this node, all of the job's CPUs and GPUs, inside the container.
+        # One task on this node, all of the job's CPUs and GPUs, inside the container. The
+        # image's PATH wins over the step's unless named (measured: `ray` not found).
+        path = ["--container-env=PATH"] if ctx.path else []
         return ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=1",
-                *self.common(ctx), *ctx.cfg.run_options, *argv]
+                *self.common(ctx), *path, *ctx.cfg.run_options, *argv]
+
+    def exec(self, ctx: RunContext, argv: Sequence[str], interactive: bool = False) -> list[str]:
+        # The step's PATH is the login node's, and the image's wins anyway: the node's PATH.
+        return ["env", f"PATH={ctx.path}", *argv] if ctx.path else list(argv)
 
     def step_options(self, ctx: RunContext) -> list[str]:
         # `ray exec` is already an `srun --jobid` step: it enters the named container itself,

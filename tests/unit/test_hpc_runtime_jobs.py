@@ -1,5 +1,7 @@
-"""Apptainer, Enroot and Pyxis cannot be installed here: run the FULL rendered worker job
-script with recording fake binaries on PATH and check what the node agent asked them to do.
+"""Run the FULL rendered worker job script of Apptainer, Enroot and Pyxis with recording fake
+binaries on PATH and check what the node agent asked them to do (the live runs are
+tests/e2e/test_apptainer.py and tests/e2e/test_enroot_pyxis.py; the fake enroot fails where
+the real one failed there).
 
 The fakes record their argv and, for `... ray start ...`, print Ray's "started" banner and
 exit, so the agent goes through its whole start path (address lookup, flags, container

@@ -272,3 +272,14 @@ def test_the_spank_plugins_slurm_loads_are_bound_into_a_slurm_head(tmp_path: Pat
     (etc / "plugstack.conf").unlink()  # no stack at all: nothing more
     assert slurm_mounts({"SLURM_CONF": str(conf)}) == (
         f"{etc}:{etc}:ro", "/run/munge:/run/munge")
+
+
+def test_pyxis_gives_the_container_the_nodes_path() -> None:
+    """Measured on the sandbox: the image's PATH wins over the step's (`ray: command not
+    found` in `ray exec`), so the step names PATH and `ray exec` sets it."""
+    c = replace(ctx("pyxis"), path="/venv/bin:/usr/bin:/bin")
+    rt = get_runtime("pyxis")
+    assert "--container-env=PATH" in rt.run(c, RAY, {})
+    assert "--container-env=PATH" not in rt.run(ctx("pyxis"), RAY, {})
+    assert rt.exec(c, ["ray", "status"]) == ["env", "PATH=/venv/bin:/usr/bin:/bin", "ray",
+                                             "status"]
