@@ -221,7 +221,7 @@ class ContainerConfig:
     gpus: Bool = doc(
         "Give the container exactly the GPUs Slurm allocated to the job (never the host's "
         "others): docker `--gpus device=<ids>`, podman CDI devices, apptainer `--nv`, "
-        "enroot/pyxis through Slurm.",
+        "enroot `NVIDIA_VISIBLE_DEVICES=<ids>` (its NVIDIA hook), pyxis through Slurm.",
         True)
     privileged: Bool = doc("Privileged container (opt-in; the seed's script ran one).", False)
     run_as_user: Bool = doc(

@@ -170,7 +170,7 @@ class Agent:
     def run_ray(self, argv: list[str], env: dict[str, str], on_started: Any) -> int:
         """Run `ray start --block`; stream its output; call on_started once Ray is up."""
         if self.container is not None:
-            self.container.remove()  # a previous run's container of this job, if any
+            self.container.clear()  # a previous run's container of this job, if any
         if self.terminating:
             raise Stopping("told to stop before Ray started")
         log("starting: " + " ".join(argv))

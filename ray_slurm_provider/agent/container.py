@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ray_slurm_provider import proc, shellcmd
 from ray_slurm_provider.config import ContainerConfig
-from ray_slurm_provider.runtimes import RunContext, get_runtime
+from ray_slurm_provider.runtimes import RunContext, get_runtime, images
 from ray_slurm_provider.runtimes.docker import is_tar
 from ray_slurm_provider.schema import load
 from ray_slurm_provider.state import AgentInfo
@@ -161,6 +161,9 @@ class NodeContainer:
             if not Path(image).is_file():
                 raise RuntimeError(f"container image file {image} does not exist or is not a "
                                    "file (it must be on a filesystem this node can read)")
+        why = images.problem(self.cfg.runtime, image)  # what `ray up` checks where it can
+        if why:
+            raise RuntimeError(f"container.image: {why}")
         cmds = self.rt.prepare(self.ctx)
         if not cmds:
             return
@@ -191,6 +194,7 @@ class NodeContainer:
             out["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         if self.ctx.path:
             out["PATH"] = self.ctx.path
+        out.update(self.rt.gpu_env(self.ctx))
         out.update(self.cfg.environment)
         return out
 
@@ -226,6 +230,12 @@ class NodeContainer:
 
     def remove(self) -> None:
         argv = self.rt.remove(self.ctx)
+        if argv:
+            self._run(argv, timeout=60)
+
+    def clear(self) -> None:
+        """Remove an earlier start's container of this job, where the runtime keeps one."""
+        argv = self.rt.clear(self.ctx)
         if argv:
             self._run(argv, timeout=60)
 

@@ -11,7 +11,9 @@ Stages, in order; one with errors ends the run, as later rules assume what it ch
    cluster.parse_cluster); Ray's scaling keys; start commands; gang types.
 2. Ray's own schema (`ray/autoscaler/ray-schema.json` of the installed Ray).
 3. values: temp dir length, time format, memory, drain lead time, images, and every job's
-   fields as the batch-script renderer would check them.
+   fields as the batch-script renderer would check them; with Slurm's view requested on
+   the login node (the whole YAML, not over REST), an Enroot/Pyxis image file exists and is
+   a squashfs, and with the CLI pyxis is loaded (`srun --help` lists --container-image).
 4. live, when Slurm's view is given: partitions exist, time/GPUs/CPUs/memory fit them;
    accounts and QOSes against the user's associations (when those are given). Those rules
    live in provider/fit.py (what a partition's nodes have); this module orders them.
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ray_slurm_provider import rayapi, shellcmd
+from ray_slurm_provider import proc, rayapi, shellcmd
 from ray_slurm_provider.cluster import (
     ClusterConfig,
     NodeType,
@@ -43,6 +45,7 @@ from ray_slurm_provider.provider.fit import (
     node_mem_mb,
     time_limit_s,
 )
+from ray_slurm_provider.runtimes import images
 from ray_slurm_provider.slurm.client import ClusterInfo, SlurmError
 from ray_slurm_provider.slurm.sacct import NoAccounting
 from ray_slurm_provider.slurm.script import ScriptError
@@ -264,6 +267,44 @@ def check_node_values(cluster: ClusterConfig, t: str) -> None:
         where = _SOURCE.get(field, f"{{nc}}.{field}").format(nc=nc)
         raise ConfigError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
 
+def check_image_file(cluster: ClusterConfig, t: str) -> None:
+    """An Enroot or Pyxis image that names a file: it exists and is a squashfs. Only where
+    `ray up` runs beside Slurm (not over REST from a laptop, which does not see the
+    cluster's filesystem; the job's agent checks there)."""
+    if cluster.provider.slurm_api == "rest":
+        return
+    c = cluster.node_type(t).node_config.container
+    why = images.problem(c.runtime, c.image or "")
+    if why:
+        raise ConfigError(f"available_node_types.{t}.node_config.container.image: {why}")
+
+
+def check_pyxis_loaded(cluster: ClusterConfig, srun_help: Lazy) -> list[Finding]:
+    """A Pyxis node type needs pyxis in Slurm's plugstack: `srun --help` then lists
+    `--container-image`. Only with the CLI on the login node (srun parses the option there).
+    An srun that fails (no slurm.conf: it reads the plugstack from there) is a warning."""
+    typed = [t for t, nt in cluster.node_types.items()
+             if nt.node_config.container.runtime == "pyxis"]
+    if cluster.provider.slurm_api != "cli" or not typed:
+        return []
+    key = f"available_node_types.{typed[0]}.node_config.container.runtime"
+    try:
+        text = str(srun_help())
+    except proc.CommandError as e:
+        first = (e.stderr or str(e)).strip().splitlines()[:1]
+        return [Finding("warning", key, f"pyxis not checked: `srun --help` failed: "
+                        f"{first[0] if first else e}", "pyxis")]
+    if "--container-image" in text:
+        return []
+    return [Finding("error", key, "'pyxis' needs the pyxis SPANK plugin, but `srun --help` "
+                    "here lists no --container-image: add pyxis to Slurm's plugstack.conf "
+                    "(docs/containers.md, Pyxis), or use runtime enroot", "pyxis")]
+
+
+def srun_help() -> str:
+    return proc.run(["srun", "--help"], timeout=30).stdout
+
+
 def v1_colocation_warning(cluster: ClusterConfig, env: Mapping[str, str]) -> str | None:
     """Autoscaler v1 (`RAY_UP_enable_autoscaler_v2=0`) keys load and idleness by node IP, so
     two Ray nodes on one host merge and a busy one can be terminated as idle. Slurm places
@@ -352,10 +393,12 @@ def check_accounts(cluster: ClusterConfig, associations: Lazy) -> list[Finding]:
 
 def run(config: Mapping[str, Any] | None, cluster: ClusterConfig | None = None, *,
         info: ClusterInfo | Lazy | None = None, associations: Lazy | None = None,
-        env: Mapping[str, str] | None = None) -> tuple[ClusterConfig | None, list[Finding]]:
+        env: Mapping[str, str] | None = None,
+        pyxis_help: Lazy = srun_help) -> tuple[ClusterConfig | None, list[Finding]]:
     """Every check, in order: the whole YAML `config` (or, on the head, its parsed provider
     section `cluster`); Slurm's view `info` (or a function that asks for it) and the user's
-    `associations` (a function) when given; `env` for the autoscaler-version warning.
+    `associations` (a function) when given; `env` for the autoscaler-version warning;
+    `pyxis_help` gives `srun --help`'s text (checked with Slurm's view, for pyxis types).
     Returns the parsed cluster (None when the model refuses it) and the findings."""
     found: list[Finding] = []
     if config is not None:
@@ -365,6 +408,14 @@ def run(config: Mapping[str, Any] | None, cluster: ClusterConfig | None = None, 
     found += _try("values", check_temp_dir, cluster)
     for t in cluster.node_types:
         found += _try("values", check_node_values, cluster, t)
+    if _errors(found):
+        return cluster, found
+    # On the login node, against the site (not offline: example configs name sites' files;
+    # not on the head: its container may not see the file).
+    if config is not None and info is not None:
+        for t in cluster.node_types:
+            found += _try("image", check_image_file, cluster, t)
+        found += check_pyxis_loaded(cluster, pyxis_help)
     if _errors(found):
         return cluster, found
     if callable(info):

@@ -83,6 +83,10 @@ class Runtime:
         """argv that removes the container whatever its state (last resort at job end)."""
         return None
 
+    def clear(self, ctx: RunContext) -> list[str] | None:
+        """argv that removes an earlier run's container of this job before a start."""
+        return self.remove(ctx)
+
     def list_cluster(self, ctx: RunContext) -> list[str] | None:
         """argv listing `<name> <job id>` of this cluster's containers on this node."""
         return None
@@ -94,6 +98,10 @@ class Runtime:
         """(container name, job id) from `list_cluster`'s output (`<name> <job id>` rows)."""
         rows = [line.split() for line in stdout.splitlines()]
         return [(r[0], r[1]) for r in rows if len(r) == 2]
+
+    def gpu_env(self, ctx: RunContext) -> dict[str, str]:
+        """Variables that give the container exactly the job's GPUs (where flags do not)."""
+        return {}
 
     def step_options(self, ctx: RunContext) -> list[str]:
         """Extra `srun` options for a step that must run inside the container (pyxis)."""

@@ -14,6 +14,7 @@ tracking already tie them to the job's life; nothing needs stopping or sweeping.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from ray_slurm_provider.runtimes.base import RunContext, Runtime, container_name
@@ -42,6 +43,13 @@ class Apptainer(Runtime):
                 ctx.cfg.image or "", *argv]
 
 
+#: What a second `enroot start` (`ray exec`, the head's Slurm probe) passes in when the
+#: caller has it: enroot sets a name the caller lacks to "" (measured: `--env NOPE`).
+EXEC_ENV = ("PATH", "PYTHONPATH", "SLURM_CONF", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+#: ... and always: it runs in a step of the node's job (its argv is built before, outside).
+STEP_ENV = ("SLURM_JOB_ID",)
+
+
 class Enroot(Runtime):
     name = "enroot"
 
@@ -52,7 +60,7 @@ class Enroot(Runtime):
     def common(self, ctx: RunContext) -> list[str]:
         out = ["--rw"]
         for m in ctx.mounts():
-            out += ["--mount", m]
+            out += ["--mount", enroot_mount(m)]
         return out
 
     def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
@@ -62,11 +70,30 @@ class Enroot(Runtime):
         return [*out, *ctx.cfg.run_options, ctx.name, *argv]
 
     def exec(self, ctx: RunContext, argv: Sequence[str], interactive: bool = False) -> list[str]:
-        return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "start", *self.common(ctx),
-                ctx.name, *argv]
+        # A second `enroot start` begins from the image's environment: the names it needs
+        # come by name from the caller's (an `srun` step's), and PATH as the node has it.
+        out = [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "start", *self.common(ctx)]
+        if ctx.path:
+            out += ["--env", f"PATH={ctx.path}"]
+        names = {*STEP_ENV, *(k for k in EXEC_ENV if k in os.environ), *ctx.cfg.environment}
+        for k in sorted(names - {"PATH"} if ctx.path else names):
+            out += ["--env", k]
+        return [*out, ctx.name, *argv]
 
     def remove(self, ctx: RunContext) -> list[str] | None:
         return [self.binary(ctx.cfg), *ctx.cfg.runtime_args, "remove", "--force", ctx.name]
+
+    def gpu_env(self, ctx: RunContext) -> dict[str, str]:
+        # Enroot's NVIDIA hook mounts the devices NVIDIA_VISIBLE_DEVICES names (host ids);
+        # unset, the image's value decides (NGC images: all of the node's GPUs).
+        if ctx.cfg.gpus and ctx.gpu_ids:
+            return {"NVIDIA_VISIBLE_DEVICES": ",".join(ctx.gpu_ids)}
+        return {}
+
+    def clear(self, ctx: RunContext) -> list[str] | None:
+        # `start` runs the root filesystem `prepare` created: removing it would leave
+        # nothing to start ("[ERROR] No such file or directory: <data path>/<name>").
+        return None
 
     # Enroot keeps container roots per user (ENROOT_DATA_PATH): `list` shows only the caller's.
     def list_cluster(self, ctx: RunContext) -> list[str] | None:
@@ -83,6 +110,15 @@ class Enroot(Runtime):
                 if n.startswith(prefix) and n[len(prefix):].isdigit()]
 
 
+def enroot_mount(mount: str) -> str:
+    """`src:dst[:ro|rw]` as enroot's `--mount` takes it: an fstab line with ':' for blanks,
+    whose third field is the filesystem type (`/usr:/usr:ro` fails with "No such device")."""
+    src, _, rest = mount.partition(":")
+    dst, _, mode = rest.partition(":")
+    options = ["x-create=auto", "rbind", *([mode] if mode else [])]
+    return f"{src}:{dst or src}:none:{','.join(options)}"
+
+
 class Pyxis(Runtime):
     name = "pyxis"
 
@@ -94,10 +130,20 @@ class Pyxis(Runtime):
         return out
 
     def run(self, ctx: RunContext, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        # One task on this node, all of the job's CPUs and GPUs, inside the container.
+        # One task on this node, all of the job's CPUs and GPUs, inside the container. The
+        # image's PATH wins over the step's unless named (measured: `ray` not found).
+        path = ["--container-env=PATH"] if ctx.path else []
         return ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=1",
-                *self.common(ctx), *ctx.cfg.run_options, *argv]
+                *self.common(ctx), *path, *ctx.cfg.run_options, *argv]
+
+    def exec(self, ctx: RunContext, argv: Sequence[str], interactive: bool = False) -> list[str]:
+        # The step's PATH is the login node's, and the image's wins anyway: the node's PATH.
+        return ["env", f"PATH={ctx.path}", *argv] if ctx.path else list(argv)
 
     def step_options(self, ctx: RunContext) -> list[str]:
-        # `ray exec` is already an `srun --jobid` step: it enters the named container itself.
-        return [f"--container-name={ctx.name}"]
+        # `ray exec` is already an `srun --jobid` step: it enters the named container itself,
+        # with the node's mounts again: pyxis mounts per step, and the image may need them
+        # (the sandbox's has no /bin/sh without the host's /usr).
+        mounts = ctx.mounts()
+        return [f"--container-name={ctx.name}",
+                *(["--container-mounts=" + ",".join(mounts)] if mounts else [])]

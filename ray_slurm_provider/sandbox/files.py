@@ -123,6 +123,13 @@ def _prepare_pyxis(layout: Layout, spec: SandboxSpec) -> None:
     _mkdir(layout.pyxis_runtime_dir, 0o1777)
     _write_if_changed(os.path.join(layout.enroot_bin_dir, "enroot"),
                       pyxis.render_wrapper(layout, build), 0o755)
+    for helper in pyxis.helpers(build):
+        link = os.path.join(layout.enroot_bin_dir, os.path.basename(helper))
+        if os.path.islink(link) and os.readlink(link) == helper:
+            continue
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(helper, link)
     _mkdir(os.path.dirname(layout.pyxis_plugin), 0o755)
     with open(build.plugin, "rb") as f:
         _write_if_changed(layout.pyxis_plugin, f.read(), 0o755)

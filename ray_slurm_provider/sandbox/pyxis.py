@@ -220,10 +220,20 @@ def render_wrapper(layout: Layout, build: Build) -> str:
     for key, sub in (("RUNTIME", "run"), ("CACHE", "cache"), ("DATA", "data")):
         lines.append(f': "${{ENROOT_{key}_PATH:=$base/{sub}/$u}}"')
     lines += ["export ENROOT_RUNTIME_PATH ENROOT_CACHE_PATH ENROOT_DATA_PATH",
-              f'PATH={shlex.quote(os.path.dirname(build.enroot))}:"${{PATH:-/usr/bin:/bin}}"',
+              # Its own dir, where the helpers are linked (`helpers`), never the cache's:
+              # PATH reaches the containers (and the worker jobs a head's sbatch submits),
+              # where `enroot` must still be this wrapper.
+              f'PATH={shlex.quote(layout.enroot_bin_dir)}:"${{PATH:-/usr/bin:/bin}}"',
               "export PATH",
               f'exec {shlex.quote(build.enroot)} "$@"']
     return "\n".join(lines) + "\n"
+
+
+def helpers(build: Build) -> list[str]:
+    """The cached enroot's helper programs (enroot-mount, ...), which it runs from PATH."""
+    bindir = os.path.dirname(build.enroot)
+    names = os.listdir(bindir) if os.path.isdir(bindir) else []
+    return sorted(os.path.join(bindir, n) for n in names if n.startswith("enroot-"))
 
 
 def render_node_entry(layout: Layout) -> str:

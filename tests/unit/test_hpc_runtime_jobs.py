@@ -1,5 +1,7 @@
-"""Apptainer, Enroot and Pyxis cannot be installed here: run the FULL rendered worker job
-script with recording fake binaries on PATH and check what the node agent asked them to do.
+"""Run the FULL rendered worker job script of Apptainer, Enroot and Pyxis with recording fake
+binaries on PATH and check what the node agent asked them to do (the live runs are
+tests/e2e/test_apptainer.py and tests/e2e/test_enroot_pyxis.py; the fake enroot fails where
+the real one failed there).
 
 The fakes record their argv and, for `... ray start ...`, print Ray's "started" banner and
 exit, so the agent goes through its whole start path (address lookup, flags, container
@@ -32,6 +34,28 @@ with open(os.environ["REC"], "a") as f:
     f.write(json.dumps([name, *sys.argv[1:]]) + "\\n")
 if name == "scontrol":
     sys.stdout.write(open({nodes!r}).read())
+elif name == "enroot":
+    # As the real enroot 4.1.2 does (measured on the sandbox): `start` runs a root
+    # filesystem `create` made (and `remove` deleted); a --mount is an fstab line with ':'
+    # for blanks, so `src:dst:ro` names the filesystem type "ro".
+    roots = os.environ["REC"] + ".roots"
+    os.makedirs(roots, exist_ok=True)
+    args = sys.argv[1:]
+    if args[0] == "create":
+        os.makedirs(os.path.join(roots, args[args.index("--name") + 1]), exist_ok=True)
+    elif args[0] == "remove":
+        for n in args[1:]:
+            if os.path.isdir(os.path.join(roots, n)):
+                os.rmdir(os.path.join(roots, n))
+    elif args[0] == "start":
+        for i, a in enumerate(args):
+            if a == "--mount" and len(args[i + 1].split(":")) >= 3 \
+                    and args[i + 1].split(":")[2] != "none":
+                sys.exit("enroot-mount: failed to mount: " + args[i + 1] + ": No such device")
+        names = [a for a in args if os.path.isdir(os.path.join(roots, a))]
+        if not names:
+            sys.exit("[ERROR] No such file or directory: " + roots)
+        print("Ray runtime started.", flush=True)
 elif "start" in sys.argv and "ray" in " ".join(sys.argv):
     print("Ray runtime started.", flush=True)
 """
@@ -50,12 +74,12 @@ def test_worker_job_script_drives_the_runtime(runtime: str, tmp_path: Path,
                                  nodes=str(FIXTURES / "scontrol_show_node.txt")))
         p.chmod(0o755)
     image = tmp_path / IMAGES[runtime].rsplit("/", 1)[1]
-    image.write_text("not really an image")
+    image.write_bytes(b"hsqs, not really an image")  # the agent checks squashfs's magic
     state = tmp_path / "state"
     pcfg = load(ProviderConfig, {"state_dir": str(state), "auth": {"mode": "token"}},
                 "provider")
     ncfg = load(NodeConfig, {"partition": "gpu", "container": {
-        "runtime": runtime, "image": str(image), "mounts": ["/data:/data"],
+        "runtime": runtime, "image": str(image), "mounts": ["/data:/data", "/usr:/usr:ro"],
         "environment": {"NCCL_DEBUG": "INFO"}}}, "node_config")
     nt = NodeType("gpu_worker", ncfg, resources={"CPU": 2, "GPU": 1},
                   commands=NodeCommands(start=["ray start --address=$RAY_HEAD_IP:$RAY_GCS_PORT"]))

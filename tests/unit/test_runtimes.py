@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ def render(runtime: str) -> str:
         "run": rt.run(c, RAY, {"RAY_AUTH_MODE": "token"}),
         "exec": rt.exec(c, ["bash", "-c", "ray status"]),
         "exec_tty": rt.exec(c, ["bash"], interactive=True),
+        "exec_host_python": rt.exec(replace(c, path="/venv/bin:/usr/bin:/bin"), ["true"]),
         "stop": rt.stop(c),
         "remove": rt.remove(c),
         "step_options": rt.step_options(c),
@@ -52,7 +54,11 @@ def render(runtime: str) -> str:
 
 
 @pytest.mark.parametrize("runtime", sorted(set(RUNTIMES) - {"none"}))
-def test_golden(runtime: str) -> None:
+def test_golden(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Enroot's second `start` passes what the caller has of these (hpc.EXEC_ENV).
+    for name in ("PATH", "PYTHONPATH", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
     path = GOLDEN / f"{runtime}.json"
     text = render(runtime)
     if os.environ.get("UPDATE_GOLDEN"):
@@ -266,3 +272,14 @@ def test_the_spank_plugins_slurm_loads_are_bound_into_a_slurm_head(tmp_path: Pat
     (etc / "plugstack.conf").unlink()  # no stack at all: nothing more
     assert slurm_mounts({"SLURM_CONF": str(conf)}) == (
         f"{etc}:{etc}:ro", "/run/munge:/run/munge")
+
+
+def test_pyxis_gives_the_container_the_nodes_path() -> None:
+    """Measured on the sandbox: the image's PATH wins over the step's (`ray: command not
+    found` in `ray exec`), so the step names PATH and `ray exec` sets it."""
+    c = replace(ctx("pyxis"), path="/venv/bin:/usr/bin:/bin")
+    rt = get_runtime("pyxis")
+    assert "--container-env=PATH" in rt.run(c, RAY, {})
+    assert "--container-env=PATH" not in rt.run(ctx("pyxis"), RAY, {})
+    assert rt.exec(c, ["ray", "status"]) == ["env", "PATH=/venv/bin:/usr/bin:/bin", "ray",
+                                             "status"]

@@ -207,8 +207,10 @@ def test_the_wrapper_gives_cleared_environments_per_user_paths(tmp_path: Path) -
     out = subprocess.run(["/bin/sh", str(wrapper), "list", "-f"], capture_output=True,
                          text=True, check=True, env={"PATH": "/usr/bin:/bin"}).stdout.strip()
     d = layout.enroot_local_dir
-    bindir = str(Path(build.enroot).parent)
-    assert out == f"{d}/run/{me}|{d}/cache/{me}|{d}/data/{me}|{bindir}|list -f"
+    # The wrapper's own dir first, never the cache's: PATH reaches the containers, and a
+    # worker job submitted from the head's must find this wrapper, not the bare enroot
+    # (which kept its roots elsewhere: "No such file or directory: <data>/rsp-...").
+    assert out == f"{d}/run/{me}|{d}/cache/{me}|{d}/data/{me}|{layout.enroot_bin_dir}|list -f"
     mine = {"PATH": "/usr/bin:/bin", "ENROOT_DATA_PATH": "/scratch/mine"}
     out = subprocess.run(["/bin/sh", str(wrapper)], capture_output=True, text=True,
                          check=True, env=mine).stdout
@@ -222,9 +224,14 @@ def test_prepare_makes_open_per_user_dirs_and_an_executable_wrapper(
     plugin = Path(pyxis.build_for("22.05").plugin)
     plugin.parent.mkdir(parents=True)
     plugin.write_bytes(b"\x7fELF plugin")
+    helper = Path(pyxis.build_for("22.05").enroot).with_name("enroot-mount")
+    helper.parent.mkdir(parents=True)
+    helper.write_text("#!/bin/sh\n")
     layout = Layout(str(tmp_path / "state"))
     os.makedirs(layout.etc_dir)
     files._prepare_pyxis(layout, SandboxSpec(pyxis=True, nodes=2))
+    files._prepare_pyxis(layout, SandboxSpec(pyxis=True, nodes=2))  # again: idempotent
+    assert os.readlink(os.path.join(layout.enroot_bin_dir, "enroot-mount")) == str(helper)
     dirs = [layout.enroot_local_dir, layout.enroot_node_dir("n1"), layout.enroot_node_dir("n2")]
     for d in dirs:
         for sub in ("run", "cache", "data"):

@@ -1,0 +1,193 @@
+"""Ray in Enroot and in Pyxis containers on the sandbox, live (`sandbox up --pyxis`):
+`cluster-configs/sandbox-enroot.yaml` (the agent runs `enroot create` and `enroot start`) and
+`cluster-configs/sandbox-pyxis.yaml` (the agent runs an `srun --container-image` step).
+
+One cluster per runtime, shared by the module's tests in order. Checks: the head's raylet runs
+in a mount namespace other than the host's and its job's; `ray exec` enters the head's
+container; tasks, an actor, put/get/wait and a placement group run on an autoscaled worker,
+in its container; `scancel` of that worker, then `ray down`, leave no job, no Ray process,
+no enroot container and no unpacked root filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider.jobs import temp_dir
+from ray_slurm_provider.sandbox import Sandbox, image
+from tests.e2e import procfs
+from tests.e2e.harness import ROOT, RayCluster, wait_for
+from tests.integration.test_pyxis_sandbox import leftovers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.pyxis]
+TIMINGS: dict[str, float] = {}
+#: Jobs each cluster ran (head and workers), for the checks after `ray down`.
+JOBS: dict[str, set[str]] = {}
+#: How long a job's end may take to clear its container (pyxis: the job's epilog).
+CLEAN_S = 60.0
+WORKLOAD = """
+import json, os, ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+ray.init()
+def where():
+    return [os.environ.get("SLURM_JOB_ID"), os.readlink("/proc/self/ns/mnt")]
+f = ray.remote(num_cpus=1)(where)
+refs = [f.remote() for _ in range(3)]
+ready, _ = ray.wait(refs, num_returns=3, timeout=600)
+tasks = ray.get(ready)
+@ray.remote(num_cpus=1)
+class Summer:
+    def __init__(self, data):
+        self.total = sum(data)
+    def get(self):
+        return [self.total, where()]
+actor = Summer.remote(ray.put(list(range(100))))
+total, in_actor = ray.get(actor.get.remote())
+ray.kill(actor)
+pg = placement_group([{"CPU": 1}])
+ray.get(pg.ready(), timeout=600)
+in_pg = ray.get(f.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote())
+remove_placement_group(pg)
+print("RESULT", json.dumps({"tasks": tasks, "total": total, "actor": in_actor, "pg": in_pg}))
+"""
+
+
+def mount_ns(pid: int | str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/mnt")
+
+
+def ray_pids(jobs: set[str]) -> list[int]:
+    """Processes of Ray below the temp dir of one of `jobs` (Ray names it in their argv)."""
+    dirs = tuple(temp_dir("/tmp", j) + "/" for j in jobs)
+    return [pid for pid, cmd in procfs.cmdlines() if any(d in cmd for d in dirs)]
+
+
+def job_pids(job: str, needle: str) -> list[int]:
+    return [pid for pid, cmd in procfs.cmdlines()
+            if needle in cmd and procfs.environ(pid).get("SLURM_JOB_ID") == job]
+
+
+def left_of(sandbox: Sandbox, cluster: RayCluster, jobs: set[str]) -> list[str]:
+    """What root's enroot keeps of `jobs` (containers, roots, mounts: their names hold
+    `rsp-<cluster>-<job>`, pyxis's as `pyxis_<job>_rsp-<cluster>-<job>`), drained nodes."""
+    names = re.compile("|".join(rf"rsp-{cluster.name}-{j}(?!\d)" for j in jobs))
+    return [x for x in leftovers(sandbox, None) if "drain" in x or names.search(x)]
+
+
+def remains(sandbox: Sandbox, cluster: RayCluster, jobs: set[str]) -> list[str]:
+    """Everything of `jobs` still there: Slurm jobs, Ray processes, enroot's leftovers."""
+    queued = [f"job {j}" for j, _ in cluster.jobs() if j in jobs]
+    procs = [f"pid {p}" for p in ray_pids(jobs)]
+    return queued + procs + left_of(sandbox, cluster, jobs)
+
+
+def settle(sandbox: Sandbox, cluster: RayCluster, jobs: set[str]) -> list[str]:
+    """Poll `remains` until it is empty or CLEAN_S passed; return the last."""
+    deadline = time.monotonic() + CLEAN_S
+    left = remains(sandbox, cluster, jobs)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = remains(sandbox, cluster, jobs)
+    return left
+
+
+@pytest.fixture(scope="module", params=["enroot", "pyxis"])
+def cluster(request: pytest.FixtureRequest, sandbox: Sandbox,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    rt = request.param
+    if not sandbox.spec.pyxis:
+        pytest.fail("the sandbox runs without enroot and pyxis: start it with `ray-slurm "
+                    "sandbox up --pyxis`")
+    sqsh = os.path.join(sandbox.layout.shared_dir, image.FILE_NAMES["enroot"])
+    if not os.path.isfile(sqsh):
+        image.build(sqsh, "enroot")
+    c = RayCluster.from_file(tmp_path_factory.mktemp(rt), f"e2e-{rt}",
+                             ROOT / "cluster-configs" / f"sandbox-{rt}.yaml")
+    config = c.path.read_text().replace("/tmp/rsp-sandbox/shared/rsp-bind.sqsh", sqsh)
+    assert sqsh in config  # the example's image, at this sandbox's state dir
+    c.path.write_text(config)
+    JOBS[rt] = set()
+    try:
+        TIMINGS[f"{rt}: ray up"] = c.up()
+        JOBS[rt].add(str(c.head()["job_id"]))
+        yield c
+    finally:
+        c.down()
+        c.cleanup()
+        print("TIMINGS", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
+
+
+def runtime(cluster: RayCluster) -> str:
+    return cluster.name.rsplit("-", 1)[1]
+
+
+def test_the_heads_raylet_runs_in_a_mount_namespace_of_its_own(cluster: RayCluster) -> None:
+    head = str(cluster.head()["job_id"])
+    raylets = job_pids(head, "/raylet ")
+    agents = job_pids(head, "ray_slurm_provider.agent")
+    assert raylets and agents, (raylets, agents)
+    ns = mount_ns(raylets[0])
+    assert ns != mount_ns("self")  # the host's
+    assert ns != mount_ns(agents[0])  # the job's (its slurmd's, with --pyxis)
+    log = cluster.cdir.log(head)
+    wait_for(lambda: "the head's container" in log.read_text(), 60,
+             "the agent's Slurm probe from inside the container")
+    assert "Slurm is reachable from inside the head's container" in log.read_text()
+
+
+def test_ray_exec_enters_the_heads_container(cluster: RayCluster) -> None:
+    head = str(cluster.head()["job_id"])
+    assert os.path.isdir("/var/lib")  # the host has it; the image does not
+    out = cluster.ray("exec", str(cluster.path),
+                      "test -d /var/lib || echo IN_IMAGE; echo JOB=$SLURM_JOB_ID;"
+                      " readlink /proc/self/ns/mnt; ray status").stdout
+    assert "IN_IMAGE" in out and f"JOB={head}" in out and "Active:" in out, out
+    assert mount_ns("self") not in out
+
+
+def test_workload_runs_on_an_autoscaled_worker_in_its_container(cluster: RayCluster) -> None:
+    head = str(cluster.head()["job_id"])
+    t0 = time.monotonic()
+    out = cluster.submit(WORKLOAD, timeout=300)
+    TIMINGS[f"{runtime(cluster)}: workload on a new worker"] = time.monotonic() - t0
+    result = json.loads(next(ln for ln in out.splitlines()
+                             if ln.startswith("RESULT "))[len("RESULT "):])
+    assert result["total"] == sum(range(100))
+    places = [*result["tasks"], result["actor"], result["pg"]]
+    host = mount_ns("self")
+    for job, ns in places:
+        assert job != head and ns != host, places
+    JOBS[runtime(cluster)] |= {job for job, _ in places}
+
+
+def test_scancel_of_a_worker_leaves_nothing_of_it(cluster: RayCluster, sandbox: Sandbox) -> None:
+    workers = JOBS[runtime(cluster)] - {str(cluster.head()["job_id"])}
+    assert workers
+    job = sorted(workers)[0]
+    assert ray_pids({job}) and left_of(sandbox, cluster, {job})  # it runs, in a container
+    t0 = time.monotonic()
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    left = settle(sandbox, cluster, {job})
+    assert not left, f"left of job {job} after {CLEAN_S:.0f}s: {left}"
+    TIMINGS[f"{runtime(cluster)}: scancel -> nothing left"] = time.monotonic() - t0
+
+
+def test_ray_down_leaves_nothing(cluster: RayCluster, sandbox: Sandbox) -> None:
+    jobs = JOBS[runtime(cluster)]
+    t0 = time.monotonic()
+    cluster.down()
+    assert cluster.jobs() == []  # `ray down` returned once Slurm had ended them
+    left = settle(sandbox, cluster, jobs)
+    assert not left, f"left of the cluster after {CLEAN_S:.0f}s: {left}"
+    TIMINGS[f"{runtime(cluster)}: ray down -> nothing left"] = time.monotonic() - t0
+    assert leftovers(sandbox, None) == []  # `enroot list` is empty too
+    assert not [p for p in Path(sandbox.layout.enroot_dir, "nodes").glob("*/data/*/*")]
