@@ -31,7 +31,7 @@ import filelock
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.sandbox.procs import SandboxError
-from ray_slurm_provider.sandbox.source import Install
+from ray_slurm_provider.sandbox.source import Install, log_text, logged_step
 
 #: Slurm release -> the pyslurm release built against it (PyPI has no other).
 VERSIONS: dict[str, str] = {"25.11": "25.11.2"}
@@ -123,24 +123,13 @@ def _build(wheel: Wheel) -> str:
     path = wheel.path()
     if path is None:
         raise SandboxError(f"pip wheel pyslurm=={wheel.version} wrote no wheel; log: {wheel.log}")
-    _log(wheel, ["# built"], f"{path} in {time.monotonic() - t0:.0f}s")
+    log_text(wheel.log, ["# built"], f"{path} in {time.monotonic() - t0:.0f}s")
     return path
 
 
 def _pip(wheel: Wheel, args: list[str]) -> None:
-    argv = [sys.executable, "-m", "pip", *args]
     env = proc.clean_env(drop_prefixes=("SLURM_",),
                          extra={"SLURM_LIB_DIR": wheel.install.lib_dir,
                                 "SLURM_INCLUDE_DIR": wheel.install.include_dir})
-    try:
-        res = proc.run(argv, timeout=BUILD_TIMEOUT_S, env=env)
-        _log(wheel, argv, res.stdout[-20000:] + res.stderr[-20000:])
-    except proc.CommandError as e:
-        _log(wheel, argv, e.stdout[-20000:] + e.stderr[-20000:])
-        raise SandboxError(f"pip {args[0]} pyslurm=={wheel.version} failed: {str(e)[-2000:]}\n"
-                           f"log: {wheel.log}") from e
-
-
-def _log(wheel: Wheel, argv: list[str], text: str) -> None:
-    with open(wheel.log, "a") as f:
-        f.write(f"$ {' '.join(argv)}\n{text}\n")
+    logged_step([sys.executable, "-m", "pip", *args], wheel.log,
+                f"pip {args[0]} pyslurm=={wheel.version}", env)

@@ -150,7 +150,7 @@ def _build(install: Install, tar_path: str) -> None:
             f.write(f"{build_id(install.version)}\nbuilt in {time.monotonic() - t0:.0f}s\n")
         shutil.rmtree(install.prefix, ignore_errors=True)  # an unmarked leftover
         os.replace(staged, install.prefix)
-    _log(install, ["# built"], f"in {time.monotonic() - t0:.0f}s")
+    log_text(install.log, ["# built"], f"in {time.monotonic() - t0:.0f}s")
 
 
 def _check_installed(install: Install, staged: str) -> None:
@@ -185,15 +185,22 @@ def _unpack(tar_path: str, into: str) -> str:
 def _step(install: Install, argv: list[str], cwd: str) -> None:
     """Run one build step, its output appended to the build log."""
     env = proc.clean_env(drop_prefixes=("SLURM_", "MAKE"))
+    logged_step(argv, install.log, f"building Slurm {install.version}: {' '.join(argv[:2])}",
+                env, cwd=cwd)
+
+
+def logged_step(argv: list[str], log: str, what: str, env: dict[str, str],
+                cwd: str | None = None) -> None:
+    """Run one step of a cache build with its output appended to `log`; a failure is a
+    SandboxError naming `what` and the log."""
     try:
         res = proc.run(argv, cwd=cwd, timeout=BUILD_TIMEOUT_S, env=env)
-        _log(install, argv, res.stdout[-20000:] + res.stderr[-20000:])
+        log_text(log, argv, res.stdout[-20000:] + res.stderr[-20000:])
     except proc.CommandError as e:
-        _log(install, argv, e.stdout[-20000:] + e.stderr[-20000:])
-        raise SandboxError(f"building Slurm {install.version}: {' '.join(argv[:2])} failed: "
-                           f"{str(e)[-2000:]}\nlog: {install.log}") from e
+        log_text(log, argv, e.stdout[-20000:] + e.stderr[-20000:])
+        raise SandboxError(f"{what} failed: {str(e)[-2000:]}\nlog: {log}") from e
 
 
-def _log(install: Install, argv: list[str], text: str) -> None:
-    with open(install.log, "a") as f:
+def log_text(log: str, argv: list[str], text: str) -> None:
+    with open(log, "a") as f:
         f.write(f"$ {' '.join(argv)}\n{text}\n")
