@@ -77,6 +77,7 @@ class SandboxSpec:
     slurm: str = roots.HOST_RELEASE  # the Slurm release (sandbox/roots.py)
     accounting: bool = False  # slurmdbd on MariaDB, QOSes, typed GPUs (sandbox/accounting.py)
     pyxis: bool = False  # enroot and the pyxis SPANK plugin (sandbox/pyxis.py)
+    login: bool = False  # an sshd as the login node (sandbox/login.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -99,6 +100,9 @@ class SandboxSpec:
         if self.pyxis and roots.in_root(self.slurm):
             raise ValueError(f"--pyxis runs only with the host's Slurm {roots.HOST_RELEASE} "
                              f"(pyxis is built against the host's spank.h)")
+        if self.login and self.users < 1:
+            raise ValueError("--login needs --users N (N >= 1): the login node admits the "
+                             "sandbox's users only")
         if self.port_offset < 0 or node_port(self.nodes, self.port_offset) > MAX_PORT:
             raise ValueError(f"port_offset {self.port_offset} puts slurmd ports past {MAX_PORT} "
                              "(Ray's worker port range starts at 10002)")
@@ -132,6 +136,7 @@ class SandboxSpec:
             slurm=str(data.get("slurm", roots.HOST_RELEASE)),
             accounting=bool(data.get("accounting", False)),
             pyxis=bool(data.get("pyxis", False)),
+            login=bool(data.get("login", False)),
         )
 
     @property

@@ -16,6 +16,7 @@ from ray_slurm_provider.sandbox import (
     config,
     daemons,
     files,
+    login,
     prereq,
     probes,
     pyxis,
@@ -76,12 +77,12 @@ class Sandbox:
                  cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
                  docker: bool = False, *, port_offset: int = 0, users: int = 0,
                  slurm: str = roots.HOST_RELEASE, accounting: bool = False,
-                 pyxis: bool = False) -> None:
+                 pyxis: bool = False, login: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
                                 port_offset=port_offset, users=users, slurm=slurm,
-                                accounting=accounting, pyxis=pyxis)
+                                accounting=accounting, pyxis=pyxis, login=login)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -97,7 +98,7 @@ class Sandbox:
                    cpus_per_node=spec.cpus_per_node,
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
                    port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
-                   accounting=spec.accounting, pyxis=spec.pyxis)
+                   accounting=spec.accounting, pyxis=spec.pyxis, login=spec.login)
 
     @property
     def state_dir(self) -> str:
@@ -126,7 +127,18 @@ class Sandbox:
         if self.spec.pyxis:  # the sandbox's enroot (never with a root: SandboxSpec)
             env["PATH"] = os.pathsep.join([self.layout.enroot_bin_dir,
                                            os.environ.get("PATH", "")])
+        if self.spec.login:
+            env.update(login.exports(self.layout, self.spec.port_offset))
         return env
+
+    def login_env(self) -> dict[str, str]:
+        """What every SSH session on the login node gets (sshd's SetEnv): the sandbox's
+        Slurm, as a site's login node has its own in /etc."""
+        path = [self.layout.bin_dir] if self.spec.in_root else []
+        if self.spec.pyxis:
+            path.append(self.layout.enroot_bin_dir)
+        path += ["/usr/local/bin", "/usr/bin", "/bin"]
+        return {"SLURM_CONF": self.layout.slurm_conf, "PATH": os.pathsep.join(path)}
 
     # -- up ---------------------------------------------------------------------------------
 
@@ -140,7 +152,8 @@ class Sandbox:
         """
         prereq.check_root()
         prereq.ensure_packages(self.spec.docker, install, root=self.spec.in_root,
-                               accounting=self.spec.accounting, pyxis=self.spec.pyxis)
+                               accounting=self.spec.accounting, pyxis=self.spec.pyxis,
+                               login=self.spec.login)
         if self.spec.pyxis:  # before the lock, like a root: a first build takes a minute
             pyxis.ensure_built(pyxis.build_for(self.spec.slurm))
         if self.spec.in_root:  # before the lock: a first build takes minutes
@@ -161,7 +174,10 @@ class Sandbox:
                         f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
                         "run `ray-slurm sandbox down` first, or use another --state-dir")
                 files.prepare(self.layout, self.spec)
-                users.ensure(self.layout, self.spec.users, self.spec.port_offset)
+                made = users.ensure(self.layout, self.spec.users, self.spec.port_offset)
+                if self.spec.login:
+                    login.prepare(self.layout, self.spec.port_offset,
+                                  [u.name for u in made], self.login_env())
                 self._forget_unknown()
                 bringup.start_missing(self.layout, self.spec, self._registry,
                                       self._alive_entries(), [u.name for u in self.users()])

@@ -52,6 +52,12 @@ PYXIS_PACKAGES: dict[str, tuple[str, ...]] = {
     "gcc": ("gcc",),
 }
 
+#: With --login: the login node's sshd and the keys.
+LOGIN_PACKAGES: dict[str, tuple[str, ...]] = {
+    "openssh-server": ("sshd",),
+    "openssh-client": ("ssh", "ssh-keygen"),
+}
+
 
 def _present(probe: str) -> bool:
     if probe.startswith("/"):
@@ -61,8 +67,8 @@ def _present(probe: str) -> bool:
     )
 
 
-def _table(docker: bool, root: bool, accounting: bool,
-           pyxis: bool = False) -> dict[str, tuple[str, ...]]:
+def _table(docker: bool, root: bool, accounting: bool, pyxis: bool = False,
+           login: bool = False) -> dict[str, tuple[str, ...]]:
     table = dict(ROOT_PACKAGES if root else SLURM_PACKAGES)
     if docker:
         table.update(DOCKER_PACKAGES)
@@ -70,25 +76,28 @@ def _table(docker: bool, root: bool, accounting: bool,
         table.update(ACCOUNTING_PACKAGES)
     if pyxis:
         table.update(PYXIS_PACKAGES)
+    if login:
+        table.update(LOGIN_PACKAGES)
     return table
 
 
 def required_packages(docker: bool, root: bool = False, accounting: bool = False,
-                      pyxis: bool = False) -> list[str]:
-    return list(_table(docker, root, accounting, pyxis))
+                      pyxis: bool = False, login: bool = False) -> list[str]:
+    return list(_table(docker, root, accounting, pyxis, login))
 
 
 def missing_packages(docker: bool, root: bool = False, accounting: bool = False,
-                     pyxis: bool = False) -> list[str]:
+                     pyxis: bool = False, login: bool = False) -> list[str]:
     """Packages (of those the sandbox needs) that look uninstalled."""
-    table = _table(docker, root, accounting, pyxis)
+    table = _table(docker, root, accounting, pyxis, login)
     return [pkg for pkg, probes in table.items()
             if not all(any(_present(alt) for alt in probe.split("|")) for probe in probes)]
 
 
 def apt_command(docker: bool, root: bool = False, accounting: bool = False,
-                pyxis: bool = False) -> list[str]:
-    return ["apt-get", "install", "-y", *required_packages(docker, root, accounting, pyxis)]
+                pyxis: bool = False, login: bool = False) -> list[str]:
+    return ["apt-get", "install", "-y",
+            *required_packages(docker, root, accounting, pyxis, login)]
 
 
 def check_root() -> None:
@@ -100,12 +109,15 @@ def check_root() -> None:
 
 
 def ensure_packages(docker: bool, install: bool, root: bool = False,
-                    accounting: bool = False, pyxis: bool = False) -> None:
-    """Fail with the exact apt-get command when packages are missing, or run it if `install`."""
-    missing = missing_packages(docker, root, accounting, pyxis)
+                    accounting: bool = False, pyxis: bool = False,
+                    login: bool = False) -> None:
+    """Fail with the exact apt-get command when packages are missing, or run it if `install`.
+    The sandbox never uses a package's system service (its sshd is its own process, on
+    its own port); whether apt starts that service is the machine's policy-rc.d's call."""
+    missing = missing_packages(docker, root, accounting, pyxis, login)
     if not missing:
         return
-    cmd = apt_command(docker, root, accounting, pyxis)
+    cmd = apt_command(docker, root, accounting, pyxis, login)
     if not install:
         raise SandboxError(
             f"missing packages for the Slurm sandbox: {' '.join(missing)}\n"
@@ -118,6 +130,6 @@ def ensure_packages(docker: bool, install: bool, root: bool = False,
         proc.run(cmd, env=env, timeout=1200)
     except proc.CommandError as e:
         raise SandboxError(f"installing packages failed: {e}\n{e.stderr[-2000:]}") from e
-    still = missing_packages(docker, root, accounting, pyxis)
+    still = missing_packages(docker, root, accounting, pyxis, login)
     if still:
         raise SandboxError(f"still missing after apt-get install: {' '.join(still)}")
