@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ray_slurm_provider.sandbox import (
     bringup,
@@ -42,6 +42,12 @@ STATE_DIR_ENV = "RAY_SLURM_SANDBOX_DIR"
 #: How long `down` lets cancelled jobs finish (TERM, KillWait, KILL, Epilog) before it stops
 #: the daemons anyway.
 JOB_DRAIN_TIMEOUT_S = config.KILL_WAIT_S + 20.0
+
+
+def _adds_login(saved: SandboxSpec, spec: SandboxSpec) -> bool:
+    """True when `spec` is the running `saved` shape plus the login node: `up --login` on a
+    running sandbox starts only its sshd."""
+    return spec.login and not saved.login and replace(saved, login=True) == spec
 
 
 def default_state_dir() -> str:
@@ -169,7 +175,8 @@ class Sandbox:
             with files.locked(self.layout):
                 fresh = not self._alive_entries()
                 saved = files.read_spec(self.layout)
-                if saved is not None and saved != self.spec and self._alive_entries():
+                if (saved is not None and saved != self.spec and self._alive_entries()
+                        and not _adds_login(saved, self.spec)):
                     raise SandboxError(
                         f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
                         "run `ray-slurm sandbox down` first, or use another --state-dir")

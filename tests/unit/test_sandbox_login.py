@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_slurm_provider.sandbox import Sandbox, daemons, login, prereq
+from ray_slurm_provider.sandbox import Sandbox, daemons, login, prereq, procs
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 
@@ -121,3 +121,15 @@ def test_rendered_config_passes_sshd_test_mode(tmp_path: Path) -> None:
     res = subprocess.run(["/usr/sbin/sshd", "-t", "-f", login.sshd_config(layout)],
                          capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 0, res.stderr
+
+
+def test_the_retitled_sshd_listener_is_still_ours() -> None:
+    argv = ("/usr/sbin/sshd", "-D", "-e", "-f", "/s/ssh/sshd_config")
+    title = ("sshd: /usr/sbin/sshd -D -e -f /s/ssh/sshd_config [listener] 0 of 10-100 "
+             "startups",)
+    assert procs.same_command(title, argv)
+    assert procs.same_command(argv, argv)
+    other = ("sshd: /usr/sbin/sshd -D -e -f /t/ssh/sshd_config [listener] 0 of 10-100 "
+             "startups",)
+    assert not procs.same_command(other, argv)
+    assert not procs.same_command(None, argv)
