@@ -59,13 +59,14 @@ def control_dir(path: str = CONTROL_DIR) -> str:
     return d
 
 
-def base_options(cfg: SshConfig, control: str) -> list[str]:
-    """The options of every ssh call: the master's socket, checks and no forwarding."""
+def base_options(cfg: SshConfig, control: str, *, tunnels: bool = False) -> list[str]:
+    """The options of every ssh call: the master's socket, checks and no forwarding (but
+    our own tunnels, which ClearAllForwardings would drop: `tunnels`)."""
     opts = [
         "-a", "-x",
         "-o", "BatchMode=yes",
         "-o", "StrictHostKeyChecking=yes",
-        "-o", "ClearAllForwardings=yes",
+        *([] if tunnels else ["-o", "ClearAllForwardings=yes"]),
         "-o", "ForwardAgent=no",
         "-o", "ForwardX11=no",
         "-o", "PermitLocalCommand=no",
@@ -97,6 +98,18 @@ def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         pairs.append(f"{key}={value}")
     prefix = ["env", *pairs] if pairs else []
     return shlex.join([*prefix, *words])
+
+
+def remote_path(path: str) -> str:
+    """`path` as the login node's shell must see it once quoted: "~/x" (which quoting would
+    keep from expanding) is relative to the login home, where every session starts."""
+    if path == "~":
+        return "."
+    if path.startswith("~/"):
+        return "./" + path[2:]
+    if path.startswith("~"):
+        raise SshError(f"{path}: only ~/ paths (your own home) are supported over SSH")
+    return path
 
 
 def ssh_argv(cfg: SshConfig, control: str, command: str) -> list[str]:
@@ -178,6 +191,29 @@ class SshLink:
             msg = res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}"
             raise proc.CommandFailed(list(argv), msg, res.returncode, res.stdout, res.stderr)
         return result
+
+    def forward(self, local_port: int, host: str, port: int, *, cancel: bool = False) -> None:
+        """Add (or `cancel`) a tunnel on the master: 127.0.0.1:`local_port` on this machine
+        to `host`:`port` as the login node sees it. Only ever bound to 127.0.0.1."""
+        self.run(["true"], timeout=60)  # the master must run before -O forward
+        spec = f"127.0.0.1:{int(local_port)}:{host}:{int(port)}"
+        argv = ["ssh", *base_options(self.cfg, self.control, tunnels=True),
+                "-O", "cancel" if cancel else "forward", "-L", spec, "--",
+                destination(self.cfg)]
+        res = proc.run(argv, timeout=30, check=False)
+        if res.returncode != 0 and not cancel:
+            said = (res.stderr.strip().splitlines() or ["ssh failed"])[-1]
+            raise SshError(f"cannot forward 127.0.0.1:{local_port} to {host}:{port}: {said}")
+
+    def read_file(self, path: str) -> str | None:
+        """A file of the login node (a path under ~ is read from the login home), or None
+        when it does not exist. Its text comes back on stdout, never on a command line."""
+        res = self.run(["cat", "--", remote_path(path)], timeout=60, check=False)
+        if res.returncode != 0:
+            if "No such file" in res.stderr:
+                return None
+            raise SshError(f"cannot read {path} on {self.cfg.host}: {res.stderr.strip()}")
+        return res.stdout
 
     def close(self) -> None:
         """End the master connection (nothing when none is open)."""

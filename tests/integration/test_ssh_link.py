@@ -4,19 +4,27 @@ run on the login node as the login user over one multiplexed connection, and eac
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import tempfile
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from ray_slurm_provider.cli.env import env_lines
 from ray_slurm_provider.cli.sshcheck import ssh_findings
 from ray_slurm_provider.config import ProviderConfig, SshConfig
-from ray_slurm_provider.sandbox import Sandbox, login
+from ray_slurm_provider.sandbox import Sandbox, login, roots
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
 
@@ -113,3 +121,79 @@ def test_doctor_checks_the_ssh_path(login_sandbox: Sandbox, link: SshLink) -> No
     # Debian's python3 on the login node has no ray-slurm-provider: named, with the fix.
     assert found["package version"].level == "fail"
     assert "/usr/bin/python3" in found["package version"].message
+
+
+def _listening_on(port: int) -> list[str]:
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if line.strip()]
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_env_opens_tunnels_that_keep_their_ports(login_sandbox: Sandbox,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in head in the login user's cluster dir: its "dashboard" is the sandbox's
+    slurmrestd, its "client port" the sshd; the tunnels reach both from 127.0.0.1 only."""
+    user = login_sandbox.users()[0]
+    name = f"tun-{uuid.uuid4().hex[:6]}"
+    cdir = Path(user.home) / ".ray_slurm" / name
+    rest_port = login_sandbox.spec.rest_port
+    head = {"job_id": "1", "ip": "127.0.0.1", "gcs_port": 1, "dashboard_port": rest_port,
+            "client_port": login.ssh_port(login_sandbox.spec.port_offset)}
+    for d in (cdir.parent, cdir):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chown(d, user.uid, user.gid)
+    (cdir / "head.json").write_text(json.dumps(head))
+    (cdir / "auth_token").write_text("not-a-real-token\n")
+    for f in ("head.json", "auth_token"):
+        os.chmod(cdir / f, 0o600)
+        os.chown(cdir / f, user.uid, user.gid)
+    home = tempfile.mkdtemp(prefix="rsp-h-", dir="/tmp")  # the laptop's home: short paths
+    monkeypatch.setenv("HOME", home)
+    ssh = ssh_config(login_sandbox)
+    config = Path(home) / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"cluster_name": name, "provider": {
+        "type": "external", "module": "ray_slurm_provider.provider.SlurmNodeProvider",
+        "python": "/usr/bin/python3", "ssh": {
+            "host": ssh.host, "port": ssh.port, "user": ssh.user,
+            "identity_file": ssh.identity_file, "known_hosts": ssh.known_hosts}}}))
+    try:
+        exports = _exports(env_lines(str(config)))
+        api = exports["RAY_API_SERVER_ADDRESS"]
+        port = int(api.rsplit(":", 1)[1])
+        client = int(exports["RAY_ADDRESS"].rsplit(":", 1)[1])
+        assert exports["RAY_ADDRESS"].startswith("ray://127.0.0.1:")
+        assert _listening_on(port) == [f"127.0.0.1:{port}"]
+        version = roots.rest_version(login_sandbox.spec.slurm)
+        assert _http_status(f"{api}/slurm/{version}/ping") == 401  # slurmrestd, no token
+        with socket.create_connection(("127.0.0.1", client), timeout=10) as s:
+            assert s.recv(64).startswith(b"SSH-2.0")  # the "client port": the sshd
+        token = Path(exports["RAY_AUTH_TOKEN_PATH"])
+        assert token.read_text() == "not-a-real-token\n"
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        # Closed: the ports stay recorded and the token copy goes; reopened: same ports.
+        env_lines(str(config), close=True)
+        assert _listening_on(port) == []
+        assert not token.exists()
+        again = _exports(env_lines(str(config)))
+        assert again["RAY_API_SERVER_ADDRESS"] == api
+        assert again["RAY_ADDRESS"] == exports["RAY_ADDRESS"]
+        assert _http_status(f"{api}/slurm/{version}/ping") == 401
+    finally:
+        with contextlib.suppress(Exception):
+            env_lines(str(config), close=True)
+        shutil.rmtree(cdir.parent, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _exports(lines: list[str]) -> dict[str, str]:
+    pairs = (line.removeprefix("export ").split("=", 1) for line in lines
+             if line.startswith("export "))
+    return {k: v for k, v in pairs}

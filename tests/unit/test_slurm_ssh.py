@@ -192,3 +192,33 @@ def test_commands_that_need_the_cluster_directory_say_not_yet(tmp_path: Path) ->
     assert str(ei.value) == SSH_NOT_YET
     assert isinstance(cluster.slurm_client, CliSlurmClient)  # validate and doctor: over SSH
     assert cluster.remote is not None
+
+
+def test_remote_paths_under_home_are_relative() -> None:
+    assert sshlink.remote_path("~/.ray_slurm/c/head.json") == "./.ray_slurm/c/head.json"
+    assert sshlink.remote_path("/scratch/me/c") == "/scratch/me/c"
+    with pytest.raises(SshError):
+        sshlink.remote_path("~other/x")
+
+
+def test_tunnel_ports_are_chosen_once_and_kept(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli import tunnels
+
+    first = tunnels.local_ports(tmp_path)
+    assert sorted(first) == ["client", "dashboard"]
+    assert tunnels.local_ports(tmp_path) == first
+    (tmp_path / tunnels.TUNNELS_FILE).write_text('{"dashboard": 40001}')
+    again = tunnels.local_ports(tmp_path)
+    assert again["dashboard"] == 40001
+    assert tunnels.local_ports(tmp_path) == again
+
+
+def test_head_json_from_the_login_node_is_typed() -> None:
+    from ray_slurm_provider.state import parse_head
+
+    head = parse_head('{"job_id": "7", "ip": "10.0.0.5", "gcs_port": 24000, "x": 1}', "h")
+    assert head is not None
+    assert (head.ip, head.dashboard_port, head.client_port) == ("10.0.0.5", 8265, 10001)
+    assert parse_head("[]", "h") is None
+    with pytest.raises(ValueError, match="malformed"):
+        parse_head("{", "h")
