@@ -103,8 +103,10 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
     """Merge the defaults files (the partition may come from one), then fill omitted
-    `resources` from the partition: CPUs, GPUs from GRES, memory."""
-    refuse_ssh(config)
+    `resources` from the partition: CPUs, GPUs from GRES, memory. With provider.ssh it does
+    nothing: `bootstrap_config`, next, stops `ray up` (Ray logs a traceback for this step)."""
+    if isinstance(config.get("provider"), dict) and config["provider"].get("ssh") is not None:
+        return config
     defaults.apply(config)
     types = config.get("available_node_types") or {}
     missing = [t for t, nt in types.items() if "resources" not in nt]

@@ -177,8 +177,7 @@ def test_ray_up_refuses_provider_ssh_before_anything_runs() -> None:
     cfg = {"cluster_name": "c", "provider": {"type": "external", "ssh": {"host": "h"}}}
     with pytest.raises(click.ClickException, match="not yet supported"):
         bootstrap.bootstrap_config(cfg)
-    with pytest.raises(click.ClickException, match="not yet supported"):
-        bootstrap.fillout_resources(cfg)
+    assert bootstrap.fillout_resources(cfg) == cfg  # runs nothing; Ray's next step stops
 
 
 def test_commands_that_need_the_cluster_directory_say_not_yet(tmp_path: Path) -> None:
@@ -222,3 +221,13 @@ def test_head_json_from_the_login_node_is_typed() -> None:
     assert parse_head("[]", "h") is None
     with pytest.raises(ValueError, match="malformed"):
         parse_head("{", "h")
+
+
+def test_the_heads_autoscaler_and_the_agents_ignore_provider_ssh() -> None:
+    """make_client is what the provider (in the head's autoscaler) and the agents build:
+    Slurm there is local, whatever provider.ssh says."""
+    from ray_slurm_provider.slurm.factory import make_client
+
+    client = make_client(config.parse_provider({"ssh": {"host": "h"}}))
+    assert isinstance(client, CliSlurmClient)
+    assert client._remote is None
