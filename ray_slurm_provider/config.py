@@ -144,8 +144,9 @@ class ProviderConfig:
     ssh: SshConfig | None = doc(
         "Run `ray up` from a laptop: every Slurm command of the login side goes to this login "
         "node over one multiplexed SSH connection. The head's autoscaler and the node agents "
-        "ignore it. Not yet complete: `ray-slurm doctor` checks the SSH path; `ray up` with "
-        "it stops with a 'not yet' error (see the user guide).", None)
+        "ignore it. Not yet complete: `ray-slurm doctor` and `validate` work over it, `ray-slurm "
+        "env` opens tunnels to a head started on the login node; `ray up` with it stops "
+        "with a 'not yet' error (see the user guide).", None)
     state_dir: Str = doc(
         "Directory on a filesystem shared by the login node and the compute nodes (your home, "
         "usually) where each cluster keeps its tags, handoff files, token and logs: "

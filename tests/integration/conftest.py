@@ -20,5 +20,5 @@ def login_sandbox(sandbox: Sandbox) -> Sandbox:
                      cpus_per_node=s.cpus_per_node, memory_mb_per_node=s.memory_mb_per_node,
                      docker=s.docker, port_offset=s.port_offset, users=s.users, slurm=s.slurm,
                      accounting=s.accounting, pyxis=s.pyxis, login=True)
-        sb.up()
+        sb.up(install=True)  # openssh-server, as the phase's own `up --install` would
     return sb
