@@ -13,6 +13,7 @@ valid; running `env` again reopens a dead tunnel. The token is copied to
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import shlex
@@ -89,17 +90,38 @@ def _copy_token(cluster: Cluster, link: SshLink, d: Path) -> Path:
     return path
 
 
-def _check_version(cluster: Cluster, link: SshLink) -> None:
-    """Say so (stderr) when the login node's package differs from this one."""
+#: Prints the cluster Python's Ray version and Python minor version.
+_RAY_VERSIONS = "import sys, ray; print(ray.__version__, '%d.%d' % sys.version_info[:2])"
+
+
+def local_ray_versions() -> str:
+    try:
+        ray = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        ray = "none"
+    return f"{ray} {sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def version_warnings(cluster: Cluster, link: SshLink) -> list[str]:
+    """What differs between this machine and the login node's provider.python: the package
+    (the two sides must match), Ray and the Python minor version (Ray Client needs both)."""
     python = cluster.pcfg.python or "python3"
+    out = []
     theirs = link.package_version(python)
     mine = local_version()
     if theirs is None:
-        print(f"# warning: {python} on {link.cfg.host} has no ray-slurm-provider "
-              "(set provider.python)", file=sys.stderr)
+        out.append(f"{python} on {link.cfg.host} has no ray-slurm-provider (set "
+                   "provider.python)")
     elif theirs != mine:
-        print(f"# warning: ray-slurm-provider {mine} here, {theirs} on {link.cfg.host}",
-              file=sys.stderr)
+        out.append(f"ray-slurm-provider {mine} here, {theirs} on {link.cfg.host}")
+    res = link.run([python, "-c", _RAY_VERSIONS], timeout=120, check=False)
+    there = res.stdout.strip()
+    here = local_ray_versions()
+    if res.returncode == 0 and there != here:
+        out.append(f"Ray Client (RAY_ADDRESS=ray://...) needs the same Ray and Python minor "
+                   f"version on both sides: here Ray/Python {here.replace(' ', '/')}, on the "
+                   f"cluster {there.replace(' ', '/')}; `ray job submit` works across them")
+    return out
 
 
 def open_tunnels(cluster: Cluster) -> list[str]:
@@ -107,7 +129,8 @@ def open_tunnels(cluster: Cluster) -> list[str]:
     link = cluster.remote
     assert link is not None
     try:
-        _check_version(cluster, link)
+        for warning in version_warnings(cluster, link):
+            print(f"# warning: {warning}", file=sys.stderr)
         head = _remote_head(cluster, link)
         d = local_dir(cluster)
         ports = local_ports(d)
@@ -131,8 +154,6 @@ def open_tunnels(cluster: Cluster) -> list[str]:
                  f"dashboard {head.ip}:{head.dashboard_port}, 127.0.0.1:{ports['client']} -> "
                  f"Ray client {head.ip}:{head.client_port}; close them with "
                  f"`ray-slurm env --close {cluster.path}`")
-    lines.append("# Ray Client needs the same Ray and Python minor version here as on the "
-                 "cluster")
     return lines
 
 

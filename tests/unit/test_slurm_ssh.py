@@ -231,3 +231,36 @@ def test_the_heads_autoscaler_and_the_agents_ignore_provider_ssh() -> None:
     client = make_client(config.parse_provider({"ssh": {"host": "h"}}))
     assert isinstance(client, CliSlurmClient)
     assert client._remote is None
+
+
+class FakeLink:
+    """SshLink's run for version checks: the package's and Ray's versions there."""
+
+    def __init__(self, package: str | None, ray_line: str) -> None:
+        self.package = package
+        self.ray_line = ray_line
+        self.cfg = CFG
+
+    def package_version(self, python: str) -> str | None:
+        return self.package
+
+    def run(self, argv: list[str], **kw: object) -> proc.Result:
+        return proc.Result(list(argv), 0, self.ray_line + "\n", "")
+
+
+def test_version_differences_are_said(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli import tunnels
+    from ray_slurm_provider.cli.common import load_cluster
+    from ray_slurm_provider.cli.sshcheck import local_version
+
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster_name: c\nprovider:\n  type: external\n  ssh: {host: h}\n")
+    cluster = load_cluster(str(path))
+    same = FakeLink(local_version(), tunnels.local_ray_versions())
+    assert tunnels.version_warnings(cluster, same) == []  # type: ignore[arg-type]
+    other = FakeLink("0.0.1", "1.0.0 3.9")
+    said = tunnels.version_warnings(cluster, other)  # type: ignore[arg-type]
+    assert "0.0.1 on login.example.org" in said[0]
+    assert "on the cluster 1.0.0/3.9" in said[1]
+    assert "no ray-slurm-provider" in tunnels.version_warnings(
+        cluster, FakeLink(None, tunnels.local_ray_versions()))[0]  # type: ignore[arg-type]
