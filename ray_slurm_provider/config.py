@@ -104,6 +104,27 @@ class RestConfig:
 
 
 @dataclass(frozen=True, config=_MODEL)
+class SshConfig:
+    """`provider.ssh`: the login node, reached over SSH from a laptop or a notebook."""
+
+    host: Str = doc("The login node's host name or address (required).")
+    port: Annotated[Int, Field(ge=1, le=65535)] = doc("Its SSH port.", 22)
+    user: Str | None = doc("Your user on the login node. Default: ssh's own (`~/.ssh/config`, "
+                           "else your local user name).", None)
+    identity_file: Str | None = doc(
+        "Private key to log in with (`ssh -i`). Default: ssh's own.", None)
+    jump_host: Str | None = doc(
+        "A bastion to hop through (`ssh -J`, e.g. `me@gateway.example.org:22`).", None)
+    known_hosts: Str | None = doc(
+        "known_hosts file holding the login node's host key. Default: ssh's own "
+        "(`~/.ssh/known_hosts`). An unknown key stops with its fingerprint and how to accept "
+        "it; host keys are always checked.", None)
+    control_persist_s: NonNegative = doc(
+        "How long the one multiplexed connection (ControlMaster) stays open after its last "
+        "use.", 600)
+
+
+@dataclass(frozen=True, config=_MODEL)
 class ProviderConfig:
     """The `provider:` section."""
 
@@ -120,6 +141,12 @@ class ProviderConfig:
     rest: RestConfig = doc(
         "slurmrestd settings for `slurm_api: rest`.", default_factory=RestConfig
     )
+    ssh: SshConfig | None = doc(
+        "Run `ray up` from a laptop: every Slurm command of the login side goes to this login "
+        "node over one multiplexed SSH connection. The head's autoscaler and the node agents "
+        "ignore it. Not yet complete: `ray-slurm doctor` and `validate` work over it, `ray-slurm "
+        "env` opens tunnels to a head started on the login node; `ray up` with it stops "
+        "with a 'not yet' error (see the user guide).", None)
     state_dir: Str = doc(
         "Directory on a filesystem shared by the login node and the compute nodes (your home, "
         "usually) where each cluster keeps its tags, handoff files, token and logs: "

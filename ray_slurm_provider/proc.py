@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import psutil
 
@@ -50,6 +51,15 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
+
+
+class Remote(Protocol):
+    """Runs an argv on another machine (`slurm.ssh.SshLink`: the login node), raising the
+    errors `run` raises for a local command."""
+
+    def run(self, argv: Sequence[str], *, input: str | None = None,
+            env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+            check: bool = True) -> Result: ...
 
 
 def run(

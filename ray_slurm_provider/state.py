@@ -199,14 +199,26 @@ def _read(path: str | Path, cls: type[R]) -> R | None:
     """A typed hand-off file, or None when it does not exist; ValueError if malformed. Keys
     the type does not know are ignored and a missing key takes its field's default (other
     releases' writers); a missing key without one is malformed."""
-    data = read_json(path)
+    return _typed(read_json(path), cls, str(path))
+
+
+def _typed(data: Any, cls: type[R], where: str) -> R | None:
     if not isinstance(data, dict):
         return None
     names = {f.name for f in fields(cls)}
     try:
         return cls(**{k: v for k, v in data.items() if k in names})
     except TypeError as e:
-        raise ValueError(f"{path}: malformed ({e})") from e
+        raise ValueError(f"{where}: malformed ({e})") from e
+
+
+def parse_head(text: str, where: str) -> HeadInfo | None:
+    """head.json's text as read elsewhere (the login node's, over provider.ssh)."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{where}: malformed ({e})") from e
+    return _typed(data, HeadInfo, where)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ PORT_OFFSET_ENV = "RAY_SLURM_SANDBOX_PORT_OFFSET"
 #: partly running sandbox to recover before repairing it.
 SHARED_RECOVERY_S = 60.0
 #: The modules whose tests run as the sandbox's users, with a Python built for them.
-USER_VENV_MODULES = ("test_two_users", "test_apptainer")
+USER_VENV_MODULES = ("test_two_users", "test_apptainer", "test_laptop_tunnels")
 
 
 def _truthy(name: str) -> bool:
@@ -152,3 +152,20 @@ def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
             alive = [p for p in pids if exists(p)]
             assert not alive, f"sandbox down left daemons running: {alive}"
             assert not os.path.exists(sb.state_dir), f"down left {sb.state_dir}"
+
+
+@pytest.fixture(scope="session")
+def login_sandbox(sandbox: Sandbox) -> Sandbox:
+    """The session's sandbox with its login node (`up --login`); one started without it
+    gets its sshd added (`up` on a running sandbox starts only what the shape adds)."""
+    if not sandbox.users():
+        pytest.skip("the login node needs the sandbox's users (sandbox up --users N)")
+    sb = Sandbox.from_state_dir(sandbox.state_dir)
+    if not sb.spec.login:
+        s = sb.spec
+        sb = Sandbox(sb.state_dir, nodes=s.nodes, gpus_per_node=s.gpus_per_node,
+                     cpus_per_node=s.cpus_per_node, memory_mb_per_node=s.memory_mb_per_node,
+                     docker=s.docker, port_offset=s.port_offset, users=s.users, slurm=s.slurm,
+                     accounting=s.accounting, pyxis=s.pyxis, login=True)
+        sb.up(install=True)  # openssh-server, as the phase's own `up --install` would
+    return sb

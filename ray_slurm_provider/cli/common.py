@@ -16,9 +16,16 @@ from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_provide
 from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.provider import defaults
 from ray_slurm_provider.schema import with_source
+from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import SlurmClient
 from ray_slurm_provider.slurm.factory import make_client
+from ray_slurm_provider.slurm.ssh import SshLink
 from ray_slurm_provider.state import ClusterDir
+
+#: What the commands that need the cluster directory say with provider.ssh, for now.
+SSH_NOT_YET = ("provider.ssh: this command does not run from a laptop yet (the cluster "
+               "directory's hand-offs over SSH are missing); run it on the login node. "
+               "`ray-slurm doctor CONFIG` and `validate` work over SSH.")
 
 
 class CliError(Exception):
@@ -51,8 +58,23 @@ class Cluster:
         """The whole cluster, parsed once; raises ConfigError naming the key."""
         return parse_cluster(self.config)
 
+    @functools.cached_property
+    def remote(self) -> SshLink | None:
+        """The one connection to the login node (provider.ssh), else None."""
+        return SshLink(self.pcfg.ssh) if self.pcfg.ssh is not None else None
+
+    @property
+    def slurm_client(self) -> SlurmClient:
+        """For commands that ask Slurm only (no cluster directory): over provider.ssh when
+        the config has it, else `client`."""
+        if self.remote is not None:
+            return CliSlurmClient(remote=self.remote)
+        return self.client
+
     @property
     def client(self) -> SlurmClient:
+        if self.pcfg.ssh is not None:  # the cluster directory is the login node's: not yet
+            raise CliError(SSH_NOT_YET)
         if self._client is None:
             self._client = self.client_factory(self.pcfg)
         return self._client

@@ -21,6 +21,7 @@ from typing import Any
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
 from ray_slurm_provider import auth, proc
+from ray_slurm_provider.cli import sshcheck
 from ray_slurm_provider.cli.common import (
     Cluster,
     Finding,
@@ -204,6 +205,8 @@ def doctor_findings(cluster: Cluster) -> list[Finding]:
         out = [Finding("ok", "config", "matches the config model")]
     except ConfigError as e:
         out = [Finding("fail", "config", str(e), f"`ray-slurm validate {cluster.path}`")]
+    if cluster.pcfg.ssh is not None:  # from a laptop: the login node's side, over SSH
+        return out + sshcheck.ssh_findings(cluster.pcfg)
     slurm, info = slurm_findings(cluster)
     out += slurm + files_findings(cluster)
     if info is not None:

@@ -39,9 +39,17 @@ def head_env(cluster: Cluster) -> tuple[HeadInfo, dict[str, str]]:
     return head, env
 
 
-def env_lines(path: str) -> list[str]:
-    """Shell lines that point Ray's client tools at the cluster (with its auth token)."""
-    head, env = head_env(load_cluster(path))
+def env_lines(path: str, close: bool = False) -> list[str]:
+    """Shell lines that point Ray's client tools at the cluster (with its auth token). With
+    provider.ssh: through tunnels over the connection to the login node (`close` ends them)."""
+    cluster = load_cluster(path)
+    if cluster.pcfg.ssh is not None:
+        from ray_slurm_provider.cli import tunnels
+
+        return tunnels.close_tunnels(cluster) if close else tunnels.open_tunnels(cluster)
+    if close:
+        raise CliError("--close: no tunnels without provider.ssh")
+    head, env = head_env(cluster)
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append(f"# From a laptop: ssh -L 8265:{head.ip}:{head.dashboard_port} "
                  "<login node>, then open http://localhost:8265")
@@ -50,11 +58,14 @@ def env_lines(path: str) -> list[str]:
 
 def cmd_env(args: argparse.Namespace) -> int:
     def body() -> int:
-        print("\n".join(env_lines(args.config)))
+        print("\n".join(env_lines(args.config, close=args.close)))
         return 0
 
     return run_command(body)
 
 
 def register(sub: Any) -> None:
-    config_command(sub, "env", "print the exports that point Ray's tools at a cluster", cmd_env)
+    p = config_command(sub, "env", "print the exports that point Ray's tools at a cluster "
+                       "(with provider.ssh: over tunnels it opens)", cmd_env)
+    p.add_argument("--close", action="store_true",
+                   help="with provider.ssh: close the tunnels and remove the token copy")

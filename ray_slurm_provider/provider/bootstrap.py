@@ -39,7 +39,28 @@ def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
     """The live cluster, through the transport the config's provider section selects."""
     from ray_slurm_provider.slurm.factory import make_client
 
-    return make_client(parse_provider((config or {}).get("provider") or {})).cluster_info()
+    pcfg = parse_provider((config or {}).get("provider") or {})
+    if pcfg.ssh is not None:  # `ray-slurm validate` from a laptop: Slurm of the login node
+        from ray_slurm_provider.slurm.cli import CliSlurmClient
+        from ray_slurm_provider.slurm.ssh import SshLink
+
+        return CliSlurmClient(remote=SshLink(pcfg.ssh)).cluster_info()
+    return make_client(pcfg).cluster_info()
+
+
+#: provider.ssh is half-built: the login node's Slurm commands and checks go over SSH
+#: (`ray-slurm doctor`), the cluster directory's hand-offs do not yet.
+SSH_NOT_YET = ("provider.ssh: `ray up` from a laptop is not yet supported (the cluster "
+               "directory's hand-offs over SSH are missing); run `ray up` on the login node "
+               "without provider.ssh. `ray-slurm doctor CONFIG` checks the SSH path.")
+
+
+def refuse_ssh(config: dict[str, Any]) -> None:
+    """Stop `ray up` before anything runs when the config asks for provider.ssh (one
+    line: click prints it without a traceback)."""
+    provider = config.get("provider")
+    if isinstance(provider, dict) and provider.get("ssh") is not None:
+        raise click.ClickException(SSH_NOT_YET)
 
 
 def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
@@ -56,6 +77,7 @@ def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
 
 
 def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
+    refuse_ssh(config)
     try:
         defaults.apply(config)  # a no-op when fillout_resources merged them already
         cluster = validate(config)
@@ -81,7 +103,10 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
     """Merge the defaults files (the partition may come from one), then fill omitted
-    `resources` from the partition: CPUs, GPUs from GRES, memory."""
+    `resources` from the partition: CPUs, GPUs from GRES, memory. With provider.ssh it does
+    nothing: `bootstrap_config`, next, stops `ray up` (Ray logs a traceback for this step)."""
+    if isinstance(config.get("provider"), dict) and config["provider"].get("ssh") is not None:
+        return config
     defaults.apply(config)
     types = config.get("available_node_types") or {}
     missing = [t for t, nt in types.items() if "resources" not in nt]

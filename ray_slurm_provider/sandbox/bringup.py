@@ -1,6 +1,6 @@
 """The order in which `Sandbox.up` starts what is not running, and the waits between: dockerd
 first (slowest), munged, the database and slurmdbd (then what they hold), slurmctld, the
-slurmds (until sinfo calls every node ready), slurmrestd."""
+slurmds (until sinfo calls every node ready), slurmrestd, sshd (the login node)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ def start_missing(layout: Layout, spec: SandboxSpec, registry: Registry,
     if "slurmrestd" in names:
         started["slurmrestd"] = daemons.start("slurmrestd", layout, spec, registry)
         daemons.wait_ready("slurmrestd", layout, spec, started["slurmrestd"])
+    if "sshd" in names:  # the login node, once Slurm answers
+        started["sshd"] = daemons.start("sshd", layout, spec, registry)
+        daemons.wait_ready("sshd", layout, spec, started["sshd"])
     if "dockerd" in started:
         daemons.wait_ready("dockerd", layout, spec, started["dockerd"])
 

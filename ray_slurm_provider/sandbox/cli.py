@@ -10,7 +10,16 @@ import time
 from typing import Any
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import config, daemons, pyslurmwheel, pyxis, roots, source
+from ray_slurm_provider.sandbox import (
+    config,
+    daemons,
+    login,
+    pyslurmwheel,
+    pyxis,
+    roots,
+    source,
+    users,
+)
 from ray_slurm_provider.sandbox.core import STATE_DIR_ENV, Sandbox
 from ray_slurm_provider.sandbox.procs import SandboxError
 
@@ -55,6 +64,10 @@ def register(sub: Any) -> None:
                     help="also build pyslurm from PyPI against the sandbox's Slurm (25.11 "
                     "only: pyslurm X.Y needs Slurm X.Y) once into the cache and install it "
                     "into the Python running ray-slurm")
+    up.add_argument("--login", action="store_true",
+                    help="also run an sshd (openssh-server, as a plain process) on "
+                    "127.0.0.1:6822 (plus the port offset) as the login node, with a host key, "
+                    "known_hosts and a key pair per user (needs --users N)")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -115,7 +128,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                      cpus_per_node=args.cpus_per_node,
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
                      port_offset=args.port_offset, users=args.users, slurm=args.slurm,
-                     accounting=args.accounting, pyxis=args.pyxis, pyslurm=args.pyslurm)
+                     accounting=args.accounting, pyxis=args.pyxis, pyslurm=args.pyslurm,
+                     login=args.login)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:
@@ -129,6 +143,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     for user in sb.users():
         print(f"# user {user.name} (uid {user.uid}), home {user.home}: "
               f"runuser -u {user.name} -- bash -c 'source {sb.layout.env_file}; cd; sinfo'")
+    if spec.login:
+        print(f"# login node: sshd on {login.LOGIN_HOST}:{login.ssh_port(spec.port_offset)}: "
+              f"ssh -F {login.client_config(sb.layout)} "
+              f"{users.user_names(1, spec.port_offset)[0]}@{login.HOST_ALIAS} sinfo")
     if spec.pyxis:
         build = pyxis.build_for(spec.slurm)
         print(f"# enroot {pyxis.ENROOT_VERSION} ({build.enroot_prefix}) and pyxis "

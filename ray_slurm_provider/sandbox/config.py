@@ -78,6 +78,7 @@ class SandboxSpec:
     accounting: bool = False  # slurmdbd on MariaDB, QOSes, typed GPUs (sandbox/accounting.py)
     pyxis: bool = False  # enroot and the pyxis SPANK plugin (sandbox/pyxis.py)
     pyslurm: bool = False  # pyslurm built against the release (sandbox/pyslurmwheel.py)
+    login: bool = False  # an sshd as the login node (sandbox/login.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -103,6 +104,9 @@ class SandboxSpec:
                              f"(pyxis is built against the host's spank.h)")
         if self.pyslurm:
             pyslurmwheel.check_release(self.slurm)
+        if self.login and self.users < 1:
+            raise ValueError("--login needs --users N (N >= 1): the login node admits the "
+                             "sandbox's users only")
         if self.port_offset < 0 or node_port(self.nodes, self.port_offset) > MAX_PORT:
             raise ValueError(f"port_offset {self.port_offset} puts slurmd ports past {MAX_PORT} "
                              "(Ray's worker port range starts at 10002)")
@@ -137,6 +141,7 @@ class SandboxSpec:
             accounting=bool(data.get("accounting", False)),
             pyxis=bool(data.get("pyxis", False)),
             pyslurm=bool(data.get("pyslurm", False)),
+            login=bool(data.get("login", False)),
         )
 
     @property

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ray_slurm_provider.sandbox import (
     bringup,
     config,
     daemons,
     files,
+    login,
     prereq,
     probes,
     pyslurmwheel,
@@ -43,6 +44,12 @@ STATE_DIR_ENV = "RAY_SLURM_SANDBOX_DIR"
 #: How long `down` lets cancelled jobs finish (TERM, KillWait, KILL, Epilog) before it stops
 #: the daemons anyway.
 JOB_DRAIN_TIMEOUT_S = config.KILL_WAIT_S + 20.0
+
+
+def _adds_login(saved: SandboxSpec, spec: SandboxSpec) -> bool:
+    """True when `spec` is the running `saved` shape plus the login node: `up --login` on a
+    running sandbox starts only its sshd."""
+    return spec.login and not saved.login and replace(saved, login=True) == spec
 
 
 def default_state_dir() -> str:
@@ -78,12 +85,14 @@ class Sandbox:
                  cpus_per_node: int = 2, memory_mb_per_node: int = 4000,
                  docker: bool = False, *, port_offset: int = 0, users: int = 0,
                  slurm: str = roots.HOST_RELEASE, accounting: bool = False,
-                 pyxis: bool = False, pyslurm: bool = False) -> None:
+                 pyxis: bool = False, pyslurm: bool = False,
+                 login: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
                                 port_offset=port_offset, users=users, slurm=slurm,
-                                accounting=accounting, pyxis=pyxis, pyslurm=pyslurm)
+                                accounting=accounting, pyxis=pyxis, pyslurm=pyslurm,
+                                login=login)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -99,7 +108,8 @@ class Sandbox:
                    cpus_per_node=spec.cpus_per_node,
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
                    port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
-                   accounting=spec.accounting, pyxis=spec.pyxis, pyslurm=spec.pyslurm)
+                   accounting=spec.accounting, pyxis=spec.pyxis, pyslurm=spec.pyslurm,
+                   login=spec.login)
 
     @property
     def state_dir(self) -> str:
@@ -128,7 +138,18 @@ class Sandbox:
         if self.spec.pyxis:  # the sandbox's enroot (never with a root: SandboxSpec)
             env["PATH"] = os.pathsep.join([self.layout.enroot_bin_dir,
                                            os.environ.get("PATH", "")])
+        if self.spec.login:
+            env.update(login.exports(self.layout, self.spec.port_offset))
         return env
+
+    def login_env(self) -> dict[str, str]:
+        """What every SSH session on the login node gets (sshd's SetEnv): the sandbox's
+        Slurm, as a site's login node has its own in /etc."""
+        path = [self.layout.bin_dir] if self.spec.in_root else []
+        if self.spec.pyxis:
+            path.append(self.layout.enroot_bin_dir)
+        path += ["/usr/local/bin", "/usr/bin", "/bin"]
+        return {"SLURM_CONF": self.layout.slurm_conf, "PATH": os.pathsep.join(path)}
 
     # -- up ---------------------------------------------------------------------------------
 
@@ -141,9 +162,10 @@ class Sandbox:
         names) stays until `down`.
         """
         prereq.check_root()
-        prereq.ensure_packages(self.spec.docker, install, root=self.spec.in_root,
-                               accounting=self.spec.accounting, pyxis=self.spec.pyxis,
-                               build=self.spec.from_source)
+        spec = self.spec
+        needs = prereq.Needs(docker=spec.docker, root=spec.in_root, build=spec.from_source,
+                             accounting=spec.accounting, pyxis=spec.pyxis, login=spec.login)
+        prereq.ensure_packages(needs, install)
         if self.spec.pyxis:  # before the lock, like a root: a first build takes a minute
             pyxis.ensure_built(pyxis.build_for(self.spec.slurm))
         if self.spec.in_root:  # before the lock: a first build takes minutes
@@ -163,12 +185,16 @@ class Sandbox:
             with files.locked(self.layout):
                 fresh = not self._alive_entries()
                 saved = files.read_spec(self.layout)
-                if saved is not None and saved != self.spec and self._alive_entries():
+                if (saved is not None and saved != self.spec and self._alive_entries()
+                        and not _adds_login(saved, self.spec)):
                     raise SandboxError(
                         f"a sandbox with another shape runs at {self.state_dir} ({saved}); "
                         "run `ray-slurm sandbox down` first, or use another --state-dir")
                 files.prepare(self.layout, self.spec)
-                users.ensure(self.layout, self.spec.users, self.spec.port_offset)
+                made = users.ensure(self.layout, self.spec.users, self.spec.port_offset)
+                if self.spec.login:
+                    login.prepare(self.layout, self.spec.port_offset,
+                                  [u.name for u in made], self.login_env())
                 self._forget_unknown()
                 bringup.start_missing(self.layout, self.spec, self._registry,
                                       self._alive_entries(), [u.name for u in self.users()])

@@ -2,9 +2,9 @@
 how to tell it is ready.
 
 All run in the foreground under `proc.spawn` (``munged -F``, ``slurmctld -D``, ``slurmd -D``,
-slurmrestd, dockerd), so the pid we record is the daemon itself, known at once, with no pid-file
-race. Names: ``munged``, ``slurmctld``, ``slurmd:n1`` ... ``slurmd:nN``, ``slurmrestd`` and,
-with docker, ``dockerd``.
+slurmrestd, dockerd, ``sshd -D``), so the pid we record is the daemon itself, known at once,
+with no pid-file race. Names: ``munged``, ``slurmctld``, ``slurmd:n1`` ... ``slurmd:nN``,
+``slurmrestd`` and, with docker, ``dockerd``; with login, ``sshd``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,16 @@ import shutil
 import socket
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.sandbox import accounting, config, files, probes, roots, source, users
+from ray_slurm_provider.sandbox import (
+    accounting,
+    config,
+    files,
+    login,
+    probes,
+    roots,
+    source,
+    users,
+)
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
 from ray_slurm_provider.sandbox.procs import (
@@ -40,6 +49,8 @@ def daemon_names(spec: SandboxSpec) -> list[str]:
     names.append("slurmrestd")
     if spec.docker:
         names.append("dockerd")
+    if spec.login:
+        names.append("sshd")
     return names
 
 
@@ -109,6 +120,8 @@ def argv_for(name: str, layout: Layout, spec: SandboxSpec) -> list[str]:
                 "--iptables=false", "--ip6tables=false", "--bridge=none",
                 "--data-root", os.path.join(d, "data"), "--exec-root", os.path.join(d, "exec"),
                 "--pidfile", os.path.join(d, "dockerd.pid"), "-H", layout.docker_host]
+    if name == "sshd" and spec.login:
+        return login.argv(layout)
     raise SandboxError(f"unknown daemon {name!r}; known: {', '.join(daemon_names(spec))}")
 
 
@@ -161,7 +174,7 @@ def spawn_argv(name: str, layout: Layout, spec: SandboxSpec, argv: list[str]) ->
     """How daemon `name` is started: `argv` itself, or `argv` behind an entry script that
     makes its mount namespace first (a release in a root; slurmd with --pyxis)."""
     unshare = ["unshare", "--mount", "--propagation", "private", "/bin/sh"]
-    if spec.in_root and name not in ("dockerd", "mariadb"):
+    if spec.in_root and name not in ("dockerd", "mariadb", "sshd"):
         return [*unshare, layout.enter_script, "daemon", "/", *argv]
     if spec.pyxis and name.startswith("slurmd:"):
         return [*unshare, layout.node_entry_script, name.split(":", 1)[1], *argv]
@@ -177,6 +190,8 @@ def _port_of(name: str, spec: SandboxSpec) -> int | None:
         return accounting.DBD_PORT + spec.port_offset
     if name == "mariadb":
         return accounting.DB_PORT + spec.port_offset
+    if name == "sshd":
+        return login.ssh_port(spec.port_offset)
     if name.startswith("slurmd:n"):
         return config.node_port(int(name.split(":n", 1)[1]), spec.port_offset)
     return None
@@ -208,7 +223,7 @@ def is_ready(name: str, layout: Layout, spec: SandboxSpec) -> bool:
         return _socket_answers(layout.munge_socket)
     if name == "mariadb":
         return _socket_answers(accounting.db_socket(layout))
-    if name == "slurmdbd":
+    if name in ("slurmdbd", "sshd"):
         return _port_of(name, spec) in probes.listening_tcp_ports()
     if name == "slurmctld":
         return probes.controller_up(client_env(layout))

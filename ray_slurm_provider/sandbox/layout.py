@@ -10,6 +10,7 @@
             enroot/local/{run,cache,data}/<user>/  the login node's enroot storage; in each
             enroot/nodes/<node>/...                slurmd's namespace, bound over local/
                                                                  (all with --pyxis)
+            ssh/sshd_config ssh_host_ed25519_key known_hosts config keys/<user>/  (--login)
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import shutil
@@ -66,6 +67,12 @@ PYXIS_PACKAGES: dict[str, tuple[str, ...]] = {
     "gcc": ("gcc",),
 }
 
+#: With --login: the login node's sshd and the keys.
+LOGIN_PACKAGES: dict[str, tuple[str, ...]] = {
+    "openssh-server": ("sshd",),
+    "openssh-client": ("ssh", "ssh-keygen"),
+}
+
 
 def _present(probe: str) -> bool:
     if probe.startswith("/"):
@@ -75,40 +82,50 @@ def _present(probe: str) -> bool:
     )
 
 
-def _table(docker: bool, root: bool, accounting: bool, pyxis: bool = False,
-           build: bool = False) -> dict[str, tuple[str, ...]]:
-    if build:
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """What a sandbox asks of the machine, one flag per option that brings packages."""
+
+    docker: bool = False
+    root: bool = False  # a Slurm release in a cached root
+    build: bool = False  # a Slurm release built from source
+    accounting: bool = False
+    pyxis: bool = False
+    login: bool = False
+
+
+def _table(needs: Needs) -> dict[str, tuple[str, ...]]:
+    if needs.build:
         table = dict(BUILD_PACKAGES)
+    elif needs.root:
+        table = dict(ROOT_PACKAGES)
     else:
-        table = dict(ROOT_PACKAGES if root else SLURM_PACKAGES)
-    if docker:
+        table = dict(SLURM_PACKAGES)
+    if needs.docker:
         table.update(DOCKER_PACKAGES)
-    if accounting:
+    if needs.accounting:
         table.update(ACCOUNTING_PACKAGES)
-        if build:  # the build brings its own slurmdbd
+        if needs.build:  # the build brings its own slurmdbd
             del table["slurmdbd"]
-    if pyxis:
+    if needs.pyxis:
         table.update(PYXIS_PACKAGES)
+    if needs.login:
+        table.update(LOGIN_PACKAGES)
     return table
 
 
-def required_packages(docker: bool, root: bool = False, accounting: bool = False,
-                      pyxis: bool = False, build: bool = False) -> list[str]:
-    return list(_table(docker, root, accounting, pyxis, build))
+def required_packages(needs: Needs) -> list[str]:
+    return list(_table(needs))
 
 
-def missing_packages(docker: bool, root: bool = False, accounting: bool = False,
-                     pyxis: bool = False, build: bool = False) -> list[str]:
+def missing_packages(needs: Needs) -> list[str]:
     """Packages (of those the sandbox needs) that look uninstalled."""
-    table = _table(docker, root, accounting, pyxis, build)
-    return [pkg for pkg, probes in table.items()
+    return [pkg for pkg, probes in _table(needs).items()
             if not all(any(_present(alt) for alt in probe.split("|")) for probe in probes)]
 
 
-def apt_command(docker: bool, root: bool = False, accounting: bool = False,
-                pyxis: bool = False, build: bool = False) -> list[str]:
-    return ["apt-get", "install", "-y",
-            *required_packages(docker, root, accounting, pyxis, build)]
+def apt_command(needs: Needs) -> list[str]:
+    return ["apt-get", "install", "-y", *required_packages(needs)]
 
 
 def check_root() -> None:
@@ -119,13 +136,14 @@ def check_root() -> None:
         )
 
 
-def ensure_packages(docker: bool, install: bool, root: bool = False,
-                    accounting: bool = False, pyxis: bool = False, build: bool = False) -> None:
-    """Fail with the exact apt-get command when packages are missing, or run it if `install`."""
-    missing = missing_packages(docker, root, accounting, pyxis, build)
+def ensure_packages(needs: Needs, install: bool) -> None:
+    """Fail with the exact apt-get command when packages are missing, or run it if `install`.
+    The sandbox never uses a package's system service (its sshd is its own process, on
+    its own port); whether apt starts that service is the machine's policy-rc.d's call."""
+    missing = missing_packages(needs)
     if not missing:
         return
-    cmd = apt_command(docker, root, accounting, pyxis, build)
+    cmd = apt_command(needs)
     if not install:
         raise SandboxError(
             f"missing packages for the Slurm sandbox: {' '.join(missing)}\n"
@@ -138,6 +156,6 @@ def ensure_packages(docker: bool, install: bool, root: bool = False,
         proc.run(cmd, env=env, timeout=1200)
     except proc.CommandError as e:
         raise SandboxError(f"installing packages failed: {e}\n{e.stderr[-2000:]}") from e
-    still = missing_packages(docker, root, accounting, pyxis, build)
+    still = missing_packages(needs)
     if still:
         raise SandboxError(f"still missing after apt-get install: {' '.join(still)}")

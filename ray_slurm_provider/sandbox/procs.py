@@ -105,7 +105,18 @@ def exists(pid: int) -> bool:
 
 def is_ours(entry: Entry) -> bool:
     """True while the recorded process runs, with the recorded argv (no pid reuse)."""
-    return exists(entry.pid) and cmdline(entry.pid) == entry.argv
+    return exists(entry.pid) and same_command(cmdline(entry.pid), entry.argv)
+
+
+def same_command(running: tuple[str, ...] | None, argv: tuple[str, ...]) -> bool:
+    """`running` (a cmdline) is the process started with `argv`. sshd retitles its
+    listener ("sshd: <argv> [listener] 0 of 10-100 startups"), which names the argv too."""
+    if running is None:
+        return False
+    if running == argv:
+        return True
+    title = f"sshd: {' '.join(argv)} [listener]"
+    return len(running) == 1 and running[0].startswith(title)
 
 
 def _environ(pid: int) -> list[bytes]:

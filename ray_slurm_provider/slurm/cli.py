@@ -31,6 +31,7 @@ from ray_slurm_provider.slurm.client import (
 )
 from ray_slurm_provider.slurm.sacct import Accounting, controller_end
 from ray_slurm_provider.slurm.script import JobSpec, render
+from ray_slurm_provider.slurm.ssh import SshError
 from ray_slurm_provider.units import parse_duration
 
 _INSTALL_HINT = (
@@ -43,8 +44,11 @@ class CliSlurmClient:
     """Talks to Slurm by running its commands; constructing it runs nothing."""
 
     def __init__(self, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
-                 binaries: Mapping[str, str] | None = None) -> None:
+                 binaries: Mapping[str, str] | None = None,
+                 remote: proc.Remote | None = None) -> None:
         self._timeout = timeout
+        # provider.ssh: every command runs on the login node, through this one connection.
+        self._remote = remote
         self._base_env = dict(env) if env is not None else None  # None: os.environ at call time
         self._binaries = dict(binaries or {})
         self._addr_lock = threading.Lock()  # guards _addrs
@@ -65,7 +69,12 @@ class CliSlurmClient:
     def _run_raw(self, name: str, args: Sequence[str], input: str | None = None) -> proc.Result:
         argv = [self._binaries.get(name, name), *args]
         try:
+            if self._remote is not None:  # the login node's own environment, our time format
+                return self._remote.run(argv, timeout=self._timeout, input=input,
+                                        env={"SLURM_TIME_FORMAT": "standard"})
             return proc.run(argv, timeout=self._timeout, input=input, env=self.command_env())
+        except SshError as e:
+            raise TransientSlurmError(str(e), str(e), name) from e
         except proc.CommandNotFound as e:
             raise PermanentSlurmError(
                 f"{argv[0]}: command not found; {_INSTALL_HINT}", command=name) from e
@@ -101,7 +110,8 @@ class CliSlurmClient:
         except PermanentSlurmError as e:
             if not is_job_gone(e.slurm_message):
                 raise
-        return Accounting(timeout=self._timeout, env=self._base_env).ended_job(job_id)
+        return Accounting(timeout=self._timeout, env=self._base_env,
+                          remote=self._remote).ended_job(job_id)
 
     def submit_array(self, spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
         """ONE `sbatch --array=0-<count-1>`: `count` jobs in one controller RPC.

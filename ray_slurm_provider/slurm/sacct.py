@@ -27,6 +27,7 @@ from ray_slurm_provider.slurm.client import (
     classify,
 )
 from ray_slurm_provider.slurm.parse import parse_scontrol_records
+from ray_slurm_provider.slurm.ssh import SshError
 
 T = TypeVar("T")
 DELIM = "\x1f"
@@ -145,9 +146,11 @@ def parse_associations(stdout: str) -> list[Association]:
 class Accounting:
     """Asks Slurm's accounting through sacct and sacctmgr; constructing it runs nothing."""
 
-    def __init__(self, *, timeout: float = 30.0, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, timeout: float = 30.0, env: Mapping[str, str] | None = None,
+                 remote: proc.Remote | None = None) -> None:
         self._timeout = timeout
         self._env = dict(env) if env is not None else None
+        self._remote = remote  # provider.ssh: sacct runs on the login node
 
     def _parsed(self, parse: Callable[[str], T], argv: Sequence[str]) -> T:
         """`parse` of what `argv` printed; output it cannot read is a SlurmError too."""
@@ -163,8 +166,12 @@ class Accounting:
                              drop_prefixes=SCRUB_PREFIXES, keep=KEEP_VARS,
                              extra={"SLURM_TIME_FORMAT": "standard"})
         try:
-            res = proc.run(list(argv), timeout=self._timeout, env=env, check=False)
-        except proc.CommandError as e:
+            if self._remote is not None:
+                res = self._remote.run(argv, timeout=self._timeout, check=False,
+                                       env={"SLURM_TIME_FORMAT": "standard"})
+            else:
+                res = proc.run(list(argv), timeout=self._timeout, env=env, check=False)
+        except (proc.CommandError, SshError) as e:
             raise classify(str(e), argv[0]) from e
         said = (res.stderr + "\n" + res.stdout).strip()
         # Both tools print "accounting is disabled" on stdout, sometimes with exit code 0.
@@ -180,7 +187,7 @@ class Accounting:
         """This user's jobs named `job_name` that ended since `since`, oldest first."""
         return self._parsed(parse_sacct, [
             "sacct", "-X", "-n", "-P", f"--delimiter={DELIM}", f"--name={job_name}",
-            f"--user={user or _me()}", f"--starttime={since}", "--endtime=now",
+            f"--user={user or self._me()}", f"--starttime={since}", "--endtime=now",
             f"--state={ENDED_STATES}", f"--format={','.join(SACCT_FIELDS)}"])
 
     def usage(self, job_name: str, since: str, user: str | None = None) -> list[Usage]:
@@ -202,7 +209,7 @@ class Accounting:
         """The accounts (and their QOSes) `user` may submit with on this cluster (one
         slurmdbd may serve several: its ClusterName, from `scontrol show config`, narrows
         them; without it, every cluster's)."""
-        where = ["where", f"user={user or _me()}"]
+        where = ["where", f"user={user or self._me()}"]
         try:
             m = re.search(r"^ClusterName\s*=\s*(\S+)", self._run(["scontrol", "show", "config"]),
                           re.MULTILINE)
@@ -213,6 +220,12 @@ class Accounting:
         return parse_associations(self._run([
             "sacctmgr", "-n", "-P", "show", "associations", *where,
             "format=Account,Partition,QOS,DefaultQOS"]))
+
+    def _me(self) -> str:
+        """The user whose jobs these are: the login node's with provider.ssh."""
+        if self._remote is None:
+            return _me()
+        return self._run(["id", "-un"]).strip()
 
     def qos_names(self) -> list[str]:
         """Every QOS the cluster has."""

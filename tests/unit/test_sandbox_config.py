@@ -189,7 +189,7 @@ def test_state_dir_defaults_to_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_missing_packages_name_the_apt_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prereq, "_present", lambda probe: False)
     with pytest.raises(SandboxError) as ei:
-        prereq.ensure_packages(docker=True, install=False)
+        prereq.ensure_packages(prereq.Needs(docker=True), install=False)
     # Issue 14.21: the container suites run over podman too, so --docker brings podman.
     assert ("apt-get install -y slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge docker.io "
             "podman catatonit") in str(ei.value)

@@ -263,9 +263,9 @@ def test_env_sh_puts_the_sandbox_enroot_first() -> None:
 
 def test_pyxis_packages_are_asked_for_only_with_pyxis(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prereq, "_present", lambda probe: "spank" not in probe)
-    assert prereq.missing_packages(False, pyxis=True) == ["libslurm-dev"]
-    assert prereq.missing_packages(False) == []
-    cmd = prereq.apt_command(False, pyxis=True)
+    assert prereq.missing_packages(prereq.Needs(pyxis=True)) == ["libslurm-dev"]
+    assert prereq.missing_packages(prereq.Needs()) == []
+    cmd = prereq.apt_command(prereq.Needs(pyxis=True))
     for pkg in ("libslurm-dev", "squashfs-tools", "squashfuse", "fuse-overlayfs", "jq",
                 "parallel", "pigz", "zstd", "makeself", "libbsd-dev", "busybox-static"):
         assert pkg in cmd

@@ -117,7 +117,7 @@ def test_the_release_s_daemons_and_clients(cache: Path, tmp_path: Path) -> None:
 
 
 def test_the_build_s_packages() -> None:
-    table = prereq.required_packages(False, accounting=True, build=True)
+    table = prereq.required_packages(prereq.Needs(accounting=True, build=True))
     assert {"libmunge-dev", "libjwt-dev", "libhttp-parser-dev", "libmariadb-dev", "munge",
             "mariadb-server"} <= set(table)
     assert "slurmdbd" not in table and "slurm-wlm" not in table  # the build brings its own

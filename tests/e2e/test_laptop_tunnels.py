@@ -1,0 +1,141 @@
+"""From a laptop, through the tunnels of `ray-slurm env` (provider.ssh): a cluster started on
+the login node by its user; the "laptop" is root in a private mount namespace where that
+user's home (and so the cluster directory) is hidden, every Slurm command on PATH is a stub
+that fails loudly, and SLURM_CONF is unset. A job goes through the tunnel with `ray job
+submit` and the token copy; the stubs are never called. (`ray up` itself from the laptop is
+not built yet: it is refused, tests/unit/test_slurm_ssh.py.)"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ray_slurm_provider.sandbox import Sandbox, login
+from ray_slurm_provider.slurm.ssh import SLURM_COMMANDS
+from tests.e2e.harness import ROOT
+from tests.e2e.users import UserCluster, load_config, user_venv
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
+STUBBED = (*SLURM_COMMANDS, "sacct", "sacctmgr", "salloc", "sstat", "munge")
+#: Mount a tmpfs over the hidden home, then run the command ($0: the home).
+HIDE = 'mount -t tmpfs -o size=1m rsp-hidden "$0" && exec "$@"'
+
+
+@pytest.fixture(scope="module")
+def cluster(login_sandbox: Sandbox) -> Iterator[UserCluster]:
+    user = login_sandbox.users()[0]
+    venv = user_venv(login_sandbox)
+    config = load_config(CONFIG, idle_timeout_minutes=10)
+    c = UserCluster(user, venv, f"laptop-{uuid.uuid4().hex[:6]}", config, login_sandbox.env())
+    try:
+        c.up()
+        yield c
+    finally:
+        c.down()
+        c.cleanup()
+
+
+class Laptop:
+    """Root's commands in a namespace without the user's home or Slurm."""
+
+    def __init__(self, sb: Sandbox, c: UserCluster) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rsp-l-", dir="/tmp"))  # short: sockets
+        self.hidden = c.user.home
+        self.marker = self.dir / "stub-called"
+        stubs = self.dir / "stubs"
+        stubs.mkdir()
+        for name in STUBBED:
+            stub = stubs / name
+            stub.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {self.marker}\n"
+                            f"echo 'stub {name}: the laptop has no Slurm' >&2\nexit 97\n")
+            stub.chmod(0o755)
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("SLURM_", "RAY_SLURM_SANDBOX", "RAY_ADDRESS"))}
+        self.env["HOME"] = str(self.dir)
+        self.env["PATH"] = f"{stubs}:{Path(sys.executable).parent}:/usr/bin:/bin"
+        self.env["PYTHONPATH"] = str(ROOT)
+        user = c.user.name
+        config = yaml.safe_load(c.path.read_text())  # the login node's YAML, plus ssh
+        provider = config["provider"]
+        provider["python"] = str(c.venv / "bin" / "python")
+        provider["ssh"] = {"host": login.LOGIN_HOST, "port": login.ssh_port(sb.spec.port_offset),
+                           "user": user, "identity_file": login.user_key(sb.layout, user),
+                           "known_hosts": login.known_hosts(sb.layout)}
+        self.config = self.dir / "cluster.yaml"
+        self.config.write_text(yaml.safe_dump(config))
+
+    def run(self, *argv: str, env: dict[str, str] | None = None,
+            timeout: float = 300) -> tuple[int, str, str]:
+        cp = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             HIDE, self.hidden, *argv], capture_output=True, text=True,
+                            env=env or self.env, timeout=timeout, stdin=subprocess.DEVNULL,
+                            check=False)
+        return cp.returncode, cp.stdout, cp.stderr
+
+    def ray_slurm(self, *args: str) -> str:
+        rc, out, err = self.run(sys.executable, "-m", "ray_slurm_provider.cli.main", *args)
+        assert rc == 0, f"ray-slurm {' '.join(args)}: {err}"
+        return out
+
+
+def exports(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            out[key] = shlex.split(value)[0]
+    return out
+
+
+def test_a_job_goes_through_the_tunnel_from_a_laptop(login_sandbox: Sandbox,
+                                                     cluster: UserCluster) -> None:
+    laptop = Laptop(login_sandbox, cluster)
+    try:
+        rc, out, _ = laptop.run("ls", "-A", laptop.hidden)  # the home is hidden there
+        assert rc == 0
+        assert out == ""
+        rc, _, err = laptop.run("sbatch", "--wrap", "true")  # and Slurm is a failing stub
+        assert rc == 97 and "stub sbatch" in err
+        laptop.marker.unlink()
+
+        env = exports(laptop.ray_slurm("env", str(laptop.config)))
+        assert env["RAY_API_SERVER_ADDRESS"].startswith("http://127.0.0.1:")
+        token = Path(env["RAY_AUTH_TOKEN_PATH"])
+        assert token.parent == laptop.dir / ".ray_slurm" / cluster.name
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        assert token.read_text().strip() == cluster.token()
+        ray = str(Path(sys.executable).parent / "ray")
+        word = f"laptop-{uuid.uuid4().hex[:8]}"
+        rc, out, err = laptop.run(
+            ray, "job", "submit", "--", "python", "-c",
+            f"import ray; ray.init(); print('{word}', ray.is_initialized())",
+            env={**laptop.env, **env})
+        assert rc == 0, err[-3000:]
+        assert f"{word} True" in out
+        assert "succeeded" in out
+        assert cluster.token() not in out + err
+        # Reopened after --close: the same ports, so the exports above stay valid.
+        laptop.ray_slurm("env", "--close", str(laptop.config))
+        assert not token.exists()
+        again = exports(laptop.ray_slurm("env", str(laptop.config)))
+        assert again["RAY_API_SERVER_ADDRESS"] == env["RAY_API_SERVER_ADDRESS"]
+        assert again["RAY_ADDRESS"] == env["RAY_ADDRESS"]
+        laptop.ray_slurm("env", "--close", str(laptop.config))
+        assert not laptop.marker.exists(), laptop.marker.read_text()
+    finally:
+        laptop.run(sys.executable, "-m", "ray_slurm_provider.cli.main", "env", "--close",
+                   str(laptop.config))
+        shutil.rmtree(laptop.dir, ignore_errors=True)

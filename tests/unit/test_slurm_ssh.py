@@ -1,0 +1,266 @@
+"""`provider.ssh`'s one connection (slurm/ssh.py): the ssh argv and its security options, the
+quoting of the remote command (property tests: every word reaches the remote program whole,
+run here through the same kind of shell a login node runs it with), one-line errors, the
+control dir, and `ray up` refusing provider.ssh for now."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import click
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ray_slurm_provider import config, proc
+from ray_slurm_provider.config import SshConfig
+from ray_slurm_provider.provider import bootstrap
+from ray_slurm_provider.slurm import ssh as sshlink
+from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.client import TransientSlurmError
+from ray_slurm_provider.slurm.ssh import SshError, SshLink
+
+CFG = SshConfig(host="login.example.org", port=2222, user="me",
+                identity_file="/keys/id", jump_host="gw.example.org", known_hosts="/kh")
+
+
+def option_values(argv: list[str]) -> dict[str, str]:
+    out = {}
+    for i, a in enumerate(argv):
+        if a == "-o":
+            key, _, value = argv[i + 1].partition("=")
+            out[key] = value
+    return out
+
+
+def test_every_call_checks_the_host_key_and_forwards_nothing() -> None:
+    argv = sshlink.ssh_argv(CFG, "/ctl", "true")
+    o = option_values(argv)
+    assert o["StrictHostKeyChecking"] == "yes"
+    assert o["BatchMode"] == "yes"
+    assert o["ClearAllForwardings"] == "yes"
+    assert o["ForwardAgent"] == "no"
+    assert o["ForwardX11"] == "no"
+    assert o["ControlMaster"] == "auto"
+    assert o["ControlPath"] == "/ctl/%C"
+    assert o["UserKnownHostsFile"] == "/kh"
+    assert o["IdentitiesOnly"] == "yes"
+    assert {"-a", "-x"} <= set(argv)
+    assert argv[argv.index("-p") + 1] == "2222"
+    assert argv[argv.index("-i") + 1] == "/keys/id"
+    assert argv[argv.index("-J") + 1] == "gw.example.org"
+    assert argv[-3:] == ["--", "me@login.example.org", "true"]
+    assert not any("=no" in a and "StrictHostKeyChecking" in a for a in argv)
+
+
+def test_the_remote_command_is_quoted_words() -> None:
+    cmd = sshlink.remote_command(["squeue", "--name=a b", "$(id)"],
+                                 {"SLURM_TIME_FORMAT": "standard"})
+    assert cmd == "env SLURM_TIME_FORMAT=standard squeue '--name=a b' '$(id)'"
+    with pytest.raises(ValueError):
+        sshlink.remote_command(["true"], {"A;B": "x"})
+    with pytest.raises(ValueError):
+        sshlink.remote_command([])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",),
+                                               blacklist_characters="\x00"),
+                        max_size=30), min_size=1, max_size=6))
+def test_any_words_reach_the_remote_program_whole(words: list[str]) -> None:
+    """sshd hands the command string to the user's shell as `sh -c STRING`."""
+    cmd = sshlink.remote_command(["printf", "%s\\0", *words])
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, timeout=10,
+                         check=True).stdout
+    assert out.decode("utf-8", "surrogateescape").split("\0")[:-1] == words
+
+
+@pytest.mark.parametrize(("stderr", "expected"), [
+    ("ssh: connect to host h port 22: Connection refused", "cannot reach the login node"),
+    ("ssh: Could not resolve hostname nope: Name or service not known",
+     "cannot reach the login node"),
+    ("me@h: Permission denied (publickey).", "refused the login of me@login"),
+    ("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nHost key verification failed.",
+     "not the one in known_hosts"),
+])
+def test_ssh_failures_are_one_line(stderr: str, expected: str) -> None:
+    message = sshlink.explain(CFG, stderr)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_an_unknown_host_key_says_how_to_accept_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sshlink, "fingerprints", lambda cfg: ["256 SHA256:abc h (ED25519)"])
+    message = sshlink.explain(CFG, "No ED25519 host key is known for [h]:2222 and you have "
+                              "requested strict checking.\nHost key verification failed.")
+    assert "unknown host key for login.example.org:2222" in message
+    assert "SHA256:abc" in message
+    assert "ssh -p 2222 me@login.example.org true" in message
+
+
+class FakeSsh:
+    """proc.run for ssh: answers with a fixed exit code and stderr, records the argv."""
+
+    def __init__(self, rc: int, stdout: str = "", stderr: str = "") -> None:
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **kw: object) -> proc.Result:
+        self.calls.append(list(argv))
+        return proc.Result(list(argv), self.rc, self.stdout, self.stderr)
+
+
+def test_run_types_its_failures(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    link = SshLink(CFG, control=str(tmp_path))
+    monkeypatch.setattr(proc, "run", FakeSsh(255, stderr="Connection refused"))
+    with pytest.raises(SshError):
+        link.run(["sinfo"])
+    monkeypatch.setattr(proc, "run", FakeSsh(127, stderr="sh: sinfo: not found"))
+    with pytest.raises(proc.CommandNotFound):
+        link.run(["sinfo"])
+    monkeypatch.setattr(proc, "run", FakeSsh(1, stderr="Invalid job id"))
+    with pytest.raises(proc.CommandFailed, match="Invalid job id"):
+        link.run(["scontrol", "show", "job", "1"])
+    fake = FakeSsh(0, stdout="ok\n")
+    monkeypatch.setattr(proc, "run", fake)
+    assert link.run(["sinfo"]).stdout == "ok\n"
+
+
+def test_the_cli_back_end_runs_through_the_link(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    fake = FakeSsh(0, stdout="")
+    monkeypatch.setattr(proc, "run", fake)
+    client = CliSlurmClient(remote=SshLink(CFG, control=str(tmp_path)))
+    client.list_jobs("ray-x")
+    assert fake.calls[0][0] == "ssh"
+    assert fake.calls[0][-1].startswith("env SLURM_TIME_FORMAT=standard squeue ")
+    monkeypatch.setattr(proc, "run", FakeSsh(255, stderr="Connection timed out"))
+    with pytest.raises(TransientSlurmError, match="cannot reach the login node"):
+        client.list_jobs("ray-x")
+
+
+def test_the_control_dir_is_private() -> None:
+    tmp_path = Path(tempfile.mkdtemp(prefix="rsp-u-", dir="/tmp"))
+    d = tmp_path / "ctl"
+    assert sshlink.control_dir(str(d)) == str(d)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    os.chmod(d, 0o755)
+    sshlink.control_dir(str(d))
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    with pytest.raises(SshError, match="too long"):
+        sshlink.control_dir("/tmp/" + "x" * 60)
+    link_path = tmp_path / "link"
+    link_path.symlink_to(d)
+    with pytest.raises(SshError):
+        sshlink.control_dir(str(link_path))
+    shutil.rmtree(tmp_path)
+
+
+def test_provider_ssh_is_in_the_model() -> None:
+    pcfg = config.parse_provider({"ssh": {"host": "h", "user": "me"}})
+    assert pcfg.ssh is not None
+    assert (pcfg.ssh.port, pcfg.ssh.control_persist_s) == (22, 600)
+    with pytest.raises(config.ConfigError, match=r"provider\.ssh\.host"):
+        config.parse_provider({"ssh": {"user": "me"}})
+    with pytest.raises(config.ConfigError, match=r"provider\.ssh"):
+        config.parse_provider({"ssh": {"host": "h", "agent": True}})
+
+
+def test_ray_up_refuses_provider_ssh_before_anything_runs() -> None:
+    cfg = {"cluster_name": "c", "provider": {"type": "external", "ssh": {"host": "h"}}}
+    with pytest.raises(click.ClickException, match="not yet supported"):
+        bootstrap.bootstrap_config(cfg)
+    assert bootstrap.fillout_resources(cfg) == cfg  # runs nothing; Ray's next step stops
+
+
+def test_commands_that_need_the_cluster_directory_say_not_yet(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli.common import SSH_NOT_YET, CliError, load_cluster
+
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster_name: c\nprovider:\n  type: external\n  ssh: {host: h}\n")
+    cluster = load_cluster(str(path))
+    with pytest.raises(CliError) as ei:
+        _ = cluster.client
+    assert str(ei.value) == SSH_NOT_YET
+    assert isinstance(cluster.slurm_client, CliSlurmClient)  # validate and doctor: over SSH
+    assert cluster.remote is not None
+
+
+def test_remote_paths_under_home_are_relative() -> None:
+    assert sshlink.remote_path("~/.ray_slurm/c/head.json") == "./.ray_slurm/c/head.json"
+    assert sshlink.remote_path("/scratch/me/c") == "/scratch/me/c"
+    with pytest.raises(SshError):
+        sshlink.remote_path("~other/x")
+
+
+def test_tunnel_ports_are_chosen_once_and_kept(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli import tunnels
+
+    first = tunnels.local_ports(tmp_path)
+    assert sorted(first) == ["client", "dashboard"]
+    assert tunnels.local_ports(tmp_path) == first
+    (tmp_path / tunnels.TUNNELS_FILE).write_text('{"dashboard": 40001}')
+    again = tunnels.local_ports(tmp_path)
+    assert again["dashboard"] == 40001
+    assert tunnels.local_ports(tmp_path) == again
+
+
+def test_head_json_from_the_login_node_is_typed() -> None:
+    from ray_slurm_provider.state import parse_head
+
+    head = parse_head('{"job_id": "7", "ip": "10.0.0.5", "gcs_port": 24000, "x": 1}', "h")
+    assert head is not None
+    assert (head.ip, head.dashboard_port, head.client_port) == ("10.0.0.5", 8265, 10001)
+    assert parse_head("[]", "h") is None
+    with pytest.raises(ValueError, match="malformed"):
+        parse_head("{", "h")
+
+
+def test_the_heads_autoscaler_and_the_agents_ignore_provider_ssh() -> None:
+    """make_client is what the provider (in the head's autoscaler) and the agents build:
+    Slurm there is local, whatever provider.ssh says."""
+    from ray_slurm_provider.slurm.factory import make_client
+
+    client = make_client(config.parse_provider({"ssh": {"host": "h"}}))
+    assert isinstance(client, CliSlurmClient)
+    assert client._remote is None
+
+
+class FakeLink:
+    """SshLink's run for version checks: the package's and Ray's versions there."""
+
+    def __init__(self, package: str | None, ray_line: str) -> None:
+        self.package = package
+        self.ray_line = ray_line
+        self.cfg = CFG
+
+    def package_version(self, python: str) -> str | None:
+        return self.package
+
+    def run(self, argv: list[str], **kw: object) -> proc.Result:
+        return proc.Result(list(argv), 0, self.ray_line + "\n", "")
+
+
+def test_version_differences_are_said(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli import tunnels
+    from ray_slurm_provider.cli.common import load_cluster
+    from ray_slurm_provider.cli.sshcheck import local_version
+
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster_name: c\nprovider:\n  type: external\n  ssh: {host: h}\n")
+    cluster = load_cluster(str(path))
+    same = FakeLink(local_version(), tunnels.local_ray_versions())
+    assert tunnels.version_warnings(cluster, same) == []  # type: ignore[arg-type]
+    other = FakeLink("0.0.1", "1.0.0 3.9")
+    said = tunnels.version_warnings(cluster, other)  # type: ignore[arg-type]
+    assert "0.0.1 on login.example.org" in said[0]
+    assert "on the cluster 1.0.0/3.9" in said[1]
+    assert "no ray-slurm-provider" in tunnels.version_warnings(
+        cluster, FakeLink(None, tunnels.local_ray_versions()))[0]  # type: ignore[arg-type]
