@@ -166,6 +166,7 @@ def login_sandbox(sandbox: Sandbox) -> Sandbox:
         sb = Sandbox(sb.state_dir, nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                      cpus_per_node=s.cpus_per_node, memory_mb_per_node=s.memory_mb_per_node,
                      docker=s.docker, port_offset=s.port_offset, users=s.users, slurm=s.slurm,
-                     accounting=s.accounting, pyxis=s.pyxis, login=True)
+                     accounting=s.accounting, pyxis=s.pyxis, pyslurm=s.pyslurm,
+                     login=True)
         sb.up(install=True)  # openssh-server, as the phase's own `up --install` would
     return sb
