@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import re
 import sys
@@ -66,6 +67,7 @@ INSTALL_HINT = (
     "site's package), or use provider.slurm_api: cli or rest"
 )
 _STATES = frozenset(LIST_STATES.split(","))
+logger = logging.getLogger(__name__)
 
 #: The user's sbatch options -> JobSubmitDescription attributes (each documented as "same as
 #: --<option> from sbatch", so they take sbatch's values); flags map to the value to set.
@@ -114,6 +116,11 @@ class PyslurmSlurmClient:
                         f"pyslurm is installed but cannot load against this machine's libslurm "
                         f"({e}); it was built for another Slurm release. {INSTALL_HINT}",
                         command="pyslurm") from e
+                # Said once per process: the monitor log then shows which transport the
+                # head's autoscaler runs on, as the REST client's "speaks vX" line does.
+                logger.info("pyslurm %s loaded from %s",
+                            getattr(self._mod, "__version__", "?"),
+                            getattr(self._mod, "__file__", "?"))
             return self._mod
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:

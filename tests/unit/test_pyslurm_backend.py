@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -83,6 +84,22 @@ def test_pyslurm_is_imported_in_a_child_first(tmp_path: Path, monkeypatch: pytes
         PyslurmSlurmClient().cluster_info()
     fake_python.write_text("#!/bin/sh\nexit 0\n")
     pyslurm_backend.probe_import()  # a child that imports it: nothing to say
+
+
+def test_loading_says_which_pyslurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The monitor log names the pyslurm the head's autoscaler loaded (the e2e test on the
+    real pyslurm reads this line)."""
+    (tmp_path / "pyslurm.py").write_text('__version__ = "25.11.2"\n')
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\nexit 0\n")
+    fake_python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake_python))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pyslurm", raising=False)
+    caplog.set_level(logging.INFO, logger=pyslurm_backend.__name__)
+    assert PyslurmSlurmClient().lib().__version__ == "25.11.2"
+    assert f"pyslurm 25.11.2 loaded from {tmp_path / 'pyslurm.py'}" in caplog.text
 
 
 def test_release_mismatch_is_refused() -> None:
