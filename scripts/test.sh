@@ -5,10 +5,11 @@
 #      but accounting (--pyxis builds enroot and pyxis once into the cache, from the tarballs
 #      in $RAY_SLURM_VENDOR_DIR, default ../shared/vendor); the unit tests run while its
 #      sandbox comes up
-#   2. Slurm 25.11 (built once from its tarball in $RAY_SLURM_VENDOR_DIR) and 26.05 (a
-#      Debian root), both built once into the cache: the Slurm
-#      integration suites (CLI and REST) and the core `ray up` lifecycle; on 26.05 also
-#      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py)
+#   2. Slurm 25.11 (built once from its tarball in $RAY_SLURM_VENDOR_DIR, with pyslurm
+#      built once against it) and 26.05 (a Debian root), both built once into the cache: the
+#      Slurm integration suites (CLI and REST; on 25.11 pyslurm too) and the core `ray up`
+#      lifecycle (on 25.11 also over pyslurm); on 26.05 also Ray in Apptainer as an
+#      ordinary user (tests/e2e/test_apptainer.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
 # Extra arguments go to pytest in every phase (and to phase 1's unit run).
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
@@ -89,7 +90,7 @@ for p in $PHASES; do
     2) # 25.11 replaces 24.11 (`--slurm 24.11` stays available); one sandbox user.
        phase "Slurm 25.11" "$MAIN_DIR-25.11" \
          "--slurm 25.11 --users 1 --port-offset $((OFFSET + 100))" \
-         -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 25.11")
+         -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 25.11, pyslurm")
        # 26.05's root packages Apptainer, which runs as an ordinary user: one sandbox user.
        phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \
          "--slurm 26.05 --users 1 --port-offset $((OFFSET + 200))" \

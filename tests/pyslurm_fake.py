@@ -1,16 +1,19 @@
 """A stand-in for the part of pyslurm's API the pyslurm back end uses.
 
-pyslurm cannot be built here (it needs the Slurm headers of its own release; the sandbox runs
-22.05 and PyPI offers 25.11 only), so this fake follows pyslurm's sources instead
-(pyslurm/core/job/job.pyx, submission.pyx, node.pyx, partition.pyx of the 23.x-25.x "core"
-API): attribute names and types, `RPCError`, `Jobs.load()` returning a mapping with
-`.values()`. The values are those the sandbox's Slurm 22.05 reported (see
-tests/fixtures/slurmrestd-22.05/), so results can be compared with the other back ends.
+It follows pyslurm's sources (pyslurm/core/job/job.pyx, submission.pyx, node.pyx,
+partition.pyx of the 23.x-25.x "core" API): attribute names and types, `RPCError`,
+`Jobs.load()` returning a mapping with `.values()`, and what the real pyslurm 25.11.2 refused on
+the sandbox's Slurm 25.11.7 (`sandbox up --slurm 25.11 --pyslurm`; tests/fixtures/pyslurm-25.11/
+holds the attribute names recorded there). The values are those the sandbox's Slurm 22.05
+reported (see tests/fixtures/slurmrestd-22.05/), so results can be compared with the other back
+ends.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,10 +124,17 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
             self.kw = kw
 
         def _check(self) -> None:
-            """pyslurm 25.11.2 takes time_limit as minutes only (measured on 25.11.7)."""
+            """pyslurm 25.11.2 takes time_limit as minutes only, and a signal as a number or
+            a Python `signal.Signals` name ("SIGTERM"; "TERM" is refused) after sbatch's
+            `[flags:]` and before its `@time` (measured on 25.11.7)."""
             limit = self.kw.get("time_limit")
             if limit is not None and not isinstance(limit, int):
                 raise TypeError("an integer is required")
+            sig = self.kw.get("signal")
+            if sig is not None:
+                name = re.split("[:@]+", str(sig))[1 if ":" in str(sig) else 0]
+                if not name.isnumeric() and name not in signal.Signals.__members__:
+                    raise ValueError(f"Invalid Signal: {name}.")
 
         def submit(self) -> int:
             self._check()

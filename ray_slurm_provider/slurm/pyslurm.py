@@ -284,6 +284,17 @@ def _process_env_as(module: ModuleType | None, env: Mapping[str, str]) -> Iterat
             setattr(module, "pyenviron", saved)  # noqa: B010
 
 
+def _signal(value: str | None) -> str | None:
+    """sbatch's `[flags:]sig[@time]` with the signal named as Python's `signal.Signals` does:
+    pyslurm looks the name up there, so "TERM" is refused and "SIGTERM" taken."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"(?P<flags>[A-Za-z]+:)?(?P<sig>[A-Za-z0-9]+)(?P<time>@\d+)?", value)
+    if m is None or m["sig"].isnumeric() or m["sig"].upper().startswith("SIG"):
+        return value
+    return f"{m['flags'] or ''}SIG{m['sig'].upper()}{m['time'] or ''}"
+
+
 def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
     """The JobSubmitDescription attributes for `spec` (ScriptError if it is invalid)."""
     gres = [g for g in (spec.gres, spec.gpus_per_node and f"gpu:{spec.gpus_per_node}") if g]
@@ -295,7 +306,7 @@ def description(spec: JobSpec, comment: str = "") -> dict[str, Any]:
         "gres_per_node": ",".join(gres) or None, "constraints": spec.constraint,
         "resource_sharing": "no" if spec.exclusive else None,
         "reservations": spec.reservation, "required_nodes": spec.nodelist,
-        "excluded_nodes": spec.exclude, "signal": spec.signal,
+        "excluded_nodes": spec.exclude, "signal": _signal(spec.signal),
         "standard_output": spec.output, "standard_error": spec.error,
         "log_files_open_mode": spec.open_mode, "is_requeueable": spec.requeue,
     }

@@ -110,6 +110,17 @@ def test_release_mismatch_is_refused() -> None:
         client.node_addresses()
 
 
+@pytest.mark.parametrize(("given", "sent"), [
+    ("B:TERM@60", "B:SIGTERM@60"), ("TERM@90", "SIGTERM@90"), ("SIGUSR1@5", "SIGUSR1@5"),
+    ("10@30", "10@30"), ("RB:INT", "RB:SIGINT"),
+])
+def test_signal_in_pythons_names(mod: Any, given: str, sent: str) -> None:
+    """sbatch takes `--signal=B:TERM@60`; pyslurm 25.11.2 looks the name up in Python's
+    `signal.Signals` and refused "TERM" (found by the e2e test on the real pyslurm)."""
+    PyslurmSlurmClient(module=mod).submit(JobSpec("ray-c", ["true"], signal=given))
+    assert mod.state["submitted"][-1]["signal"] == sent
+
+
 def test_major_minor() -> None:
     assert major_minor("24.5.1") == "24.05" == major_minor("24.05.3")
     assert major_minor("slurm") == ""
@@ -184,7 +195,7 @@ def test_every_field_is_an_attribute(mod: Any) -> None:
         "account": "a", "qos": "q", "time_limit": 60, "nodes": 2, "ntasks": 2,
         "cpus_per_task": 4, "memory_per_node": "16G", "gres_per_node": "gpu:2,gpu:a100:1",
         "constraints": "ib", "resource_sharing": "no", "reservations": "r",
-        "required_nodes": "n[1-2]", "excluded_nodes": "n3", "signal": "B:TERM@120",
+        "required_nodes": "n[1-2]", "excluded_nodes": "n3", "signal": "B:SIGTERM@120",
         "standard_output": "/s/%j.out", "standard_error": "/s/%j.err",
         "log_files_open_mode": "append", "is_requeueable": False, "priority": 0,
         "mail_types": "END", "comment": "tags", "memory_per_cpu": "1G"}
