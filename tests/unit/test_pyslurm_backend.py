@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ray_slurm_provider.cli import doctor, validate
 from ray_slurm_provider.config import parse_provider
 from ray_slurm_provider.slurm import pyslurm as pyslurm_backend
 from ray_slurm_provider.slurm.client import (
@@ -24,6 +25,7 @@ from ray_slurm_provider.slurm.pyslurm import PyslurmSlurmClient, major_minor
 from ray_slurm_provider.slurm.script import JobSpec, render
 from tests import pyslurm_fake
 from tests.pyslurm_fake import FakeJob, make_module
+from tests.unit.test_cmds import cluster
 
 
 @pytest.fixture
@@ -270,3 +272,18 @@ def test_time_limit_is_whole_minutes(time: str, minutes: int | None) -> None:
     25.11.7): the limit goes as minutes, rounded up; unlimited is left unset."""
     kw = pyslurm_backend.description(JobSpec("j", ["true"], time=time))
     assert kw.get("time_limit") == minutes
+
+
+def test_doctor_and_validate_refuse_a_pyslurm_for_another_release(tmp_path: Path) -> None:
+    """After a site upgrade the installed pyslurm no longer matches the controller: `doctor`
+    and `validate` fail on it, with the fix, before `ray up` submits anything."""
+    client = PyslurmSlurmClient(module=make_module("25.11.2"))
+    c = cluster(tmp_path, client, slurm_api="pyslurm")  # type: ignore[arg-type]
+    found, info = doctor.slurm_findings(c)
+    assert info is None
+    (f,) = [f for f in found if f.level == "fail"]
+    assert f.what == "Slurm via pyslurm"
+    assert "pyslurm 25.11.2 is for Slurm 25.11, but this cluster runs Slurm 22.05" in f.message
+    assert "install the pyslurm release matching your Slurm" in f.fix
+    failed = [f for f in validate.validate_findings(c) if f.level == "fail"]
+    assert any("is for Slurm 25.11" in f.message for f in failed)
