@@ -129,7 +129,8 @@ for p in $PHASES; do
        unit_pid=$!
        # pip builds the lowest Ray's venv while the sandbox comes up too (floor_e2e).
        floor_log="$(mktemp)" floor_built="$(mktemp)" floor_rc="$(mktemp)"
-       { floor_venv >"$floor_log" 2>&1; echo $? >"$floor_built"; } &
+       # (`|| rc=$?`: under `set -e` a failed build would end the group before it says so.)
+       { rc=0; floor_venv >"$floor_log" 2>&1 || rc=$?; echo "$rc" >"$floor_built"; } &
        floor_pid=$!
        # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
