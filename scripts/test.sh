@@ -4,7 +4,9 @@
 #   1. Slurm 22.05 (the host's), docker + podman, enroot + pyxis, two users: the whole suite
 #      but accounting (--pyxis builds enroot and pyxis once into the cache, from the tarballs
 #      in $RAY_SLURM_VENDOR_DIR, default ../shared/vendor); the unit tests run while its
-#      sandbox comes up
+#      sandbox comes up; then, on the same sandbox, the core `ray up` lifecycle (autoscaler
+#      v2 and v1) on the lowest Ray that pyproject.toml declares, from a venv of its own
+#      ($RSP_FLOOR_VENV, default .venv-ray-floor) that pip builds while the sandbox comes up
 #   2. Slurm 25.11 (built once from its tarball in $RAY_SLURM_VENDOR_DIR, with pyslurm
 #      built once against it) and 26.05 (a Debian root), both built once into the cache: the
 #      Slurm integration suites (CLI and REST; on 25.11 pyslurm too) and the core `ray up`
@@ -18,6 +20,7 @@
 #                          25.11, 26.05 and accounting add 100, 200, 300: no two phases meet)
 #   RSP_PHASES             which phases to run (default "1 2 3")
 #   PYTEST_TIMEOUT         per-test timeout in seconds (default 900)
+#   RSP_FLOOR_VENV         the venv of the lowest declared Ray (default .venv-ray-floor)
 # A sandbox this script starts is always taken down on exit; one that already ran before it
 # (someone else's) is reused and left running.
 set -euo pipefail
@@ -34,6 +37,12 @@ MATRIX=(tests/integration/test_slurm_cli_sandbox.py tests/integration/test_slurm
         tests/integration/test_job_arrays_sandbox.py tests/integration/test_sandbox.py
         tests/integration/test_cmds_sandbox.py tests/e2e/test_ray_up.py
         tests/e2e/test_ray_up_rest.py)
+# The core lifecycle on the lowest Ray the package declares. The login side is that venv's
+# `ray`, and so are the nodes: the provider runs them with the Python of `ray up`
+# (provider.python), and test_job_submit_scales_up_from_zero checks that they match.
+FLOOR_TESTS=(tests/e2e/test_ray_up.py tests/e2e/test_autoscaler_v1.py)
+FLOOR_VENV="${RSP_FLOOR_VENV:-$PWD/.venv-ray-floor}"
+EXTRA=("$@")
 
 echo "== ruff"
 ruff check .
@@ -68,8 +77,49 @@ phase() (
   sinfo -N -o '%N %P %T %c %m %G' || exit 1
   echo "== pytest ($name)"
   # Under CI a skipped test fails (tests/conftest.py), so "all passed" means all ran.
-  "${PYTEST[@]}" "$@"
+  local rc=0
+  "${PYTEST[@]}" "$@" || rc=1
+  # More tests for this sandbox before it goes down (phase 1: floor_e2e).
+  if [ -n "${AFTER_PYTEST:-}" ]; then "$AFTER_PYTEST"; fi
+  exit "$rc"
 )
+
+# The lowest Ray version pyproject.toml declares (`ray[default]>=X,...`).
+floor_ray() { sed -n 's/^ *"ray\[default\]>=\([0-9.]*\),.*/\1/p' pyproject.toml; }
+
+# floor_venv: the venv of the lowest declared Ray, with this package (editable) and its test
+# tools; pip keeps Ray at that version (a constraint, as a pin in pyproject.toml would not).
+floor_venv() {
+  local want c rc=0
+  want="$(floor_ray)"
+  if [ -z "$want" ]; then echo "no ray[default]>=X,... in pyproject.toml"; return 1; fi
+  if [ ! -x "$FLOOR_VENV/bin/python" ]; then python3 -m venv "$FLOOR_VENV" || return 1; fi
+  c="$(mktemp)"
+  echo "ray==$want" >"$c"
+  "$FLOOR_VENV/bin/pip" install -q -c "$c" -e '.[dev]' || rc=1
+  rm -f "$c"
+  return "$rc"
+}
+
+# floor_e2e (phase 1's AFTER_PYTEST, on its sandbox): wait for the venv that pip built
+# meanwhile, run FLOOR_TESTS with it, leave the outcome in $floor_rc for the failure list.
+floor_e2e() {
+  echo "== pytest (Ray $(floor_ray), the lowest pyproject.toml declares)"
+  while [ ! -s "$floor_built" ]; do sleep 2; done
+  if [ "$(cat "$floor_built")" != 0 ]; then
+    echo "the venv of Ray $(floor_ray) could not be built:"
+    tail -n 40 "$floor_log"
+    echo 1 >"$floor_rc"
+    return
+  fi
+  "$FLOOR_VENV/bin/ray" --version
+  if "$FLOOR_VENV/bin/python" -m pytest -p no:cacheprovider --import-mode=importlib \
+      --timeout="${PYTEST_TIMEOUT:-900}" -m 'not gpu' "${FLOOR_TESTS[@]}" "${EXTRA[@]}"; then
+    echo 0 >"$floor_rc"
+  else
+    echo 1 >"$floor_rc"
+  fi
+}
 
 for p in $PHASES; do
   case "$p" in
@@ -78,18 +128,28 @@ for p in $PHASES; do
        unit_log="$(mktemp)"
        "${PYTEST[@]}" -m 'not gpu' tests/unit "$@" >"$unit_log" 2>&1 &
        unit_pid=$!
+       # pip builds the lowest Ray's venv while the sandbox comes up too (floor_e2e).
+       floor_log="$(mktemp)" floor_built="$(mktemp)" floor_rc="$(mktemp)"
+       # (`|| rc=$?`: under `set -e` a failed build would end the group before it says so.)
+       { rc=0; floor_venv >"$floor_log" 2>&1 || rc=$?; echo "$rc" >"$floor_built"; } &
+       floor_pid=$!
        # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
-       phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --port-offset $OFFSET" \
+       AFTER_PYTEST=floor_e2e phase "$name" "$MAIN_DIR" \
+         "--docker --pyxis --users 2 --port-offset $OFFSET" \
          -m 'not gpu and not accounting and not apptainer' --ignore=tests/unit tests/ "$@" \
          || FAILED+=("$name")
+       wait "$floor_pid"  # when the sandbox failed before floor_e2e waited for the venv
+       [ "$(cat "$floor_rc")" = 0 ] || FAILED+=("Ray $(floor_ray) (lowest declared), Slurm 22.05")
+       rm -f "$floor_log" "$floor_built" "$floor_rc"
        echo "== pytest (unit tests, run while phase 1's sandbox came up)"
        cat "$unit_log"
        rm -f "$unit_log"
        wait "$unit_pid" || FAILED+=("unit tests") ;;
-    2) # 25.11 replaces 24.11 (`--slurm 24.11` stays available); one sandbox user.
-       phase "Slurm 25.11" "$MAIN_DIR-25.11" \
-         "--slurm 25.11 --users 1 --port-offset $((OFFSET + 100))" \
+    2) # 25.11 replaces 24.11 (`--slurm 24.11` stays available), with pyslurm built against it
+       # (the pyslurm transport runs in its integration and lifecycle suites); one sandbox user.
+       phase "Slurm 25.11, pyslurm" "$MAIN_DIR-25.11" \
+         "--slurm 25.11 --pyslurm --users 1 --port-offset $((OFFSET + 100))" \
          -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 25.11, pyslurm")
        # 26.05's root packages Apptainer, which runs as an ordinary user: one sandbox user.
        phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \

@@ -73,6 +73,10 @@ def ray_start_argv(
         "RAY_GCS_PORT": str(head_port or ports.gcs),
         "RAY_CLOUD_INSTANCE_ID": job_id,
         "RAY_NODE_TYPE_NAME": spec.node_type,
+        # Read from Ray 2.57 on, whose SIGTERM handler drains first and ignores a second
+        # SIGTERM (Slurm signals every process of the job, the agent signals `ray start`).
+        # On 2.55.0 4 of 5 cancelled workers' Ray outlived KillWait (10 s on the sandbox) and
+        # their logs were lost: the last reason for pyproject.toml's floor.
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(spec.drain_timeout_s),
         "RAY_USAGE_STATS_ENABLED": env.get("RAY_USAGE_STATS_ENABLED", "0"),
         **auth.auth_env(spec.auth_mode, token),
@@ -141,7 +145,12 @@ def ray_start_argv(
     custom = {k: v for k, v in res.items() if k not in STANDARD}
     if custom:
         argv = _add(argv, "--resources", json.dumps(custom, sort_keys=True))
+    # Ray before 2.55 dropped --temp-dir on a worker node (its Ray wrote into the head's temp
+    # dir, so its logs were never kept per job): one of the reasons for pyproject.toml's floor.
     argv = _add(argv, "--temp-dir", temp_dir)
+    # Ray before 2.54 took 0 here as "pick a port" for its records but still handed the agent
+    # 0, which then bound another: `ray job submit` tailed the driver's log from a port
+    # nothing listened on (another reason for the floor). 2.54 reads back the bound port.
     argv = _add(argv, "--dashboard-agent-listen-port", 0)
     argv = _add(argv, "--min-worker-port", 0)
     argv = _add(argv, "--max-worker-port", 0)

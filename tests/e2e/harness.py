@@ -94,6 +94,7 @@ class RayCluster:
         self.cdir = ClusterDir(str(self.state_dir), name)
         self.ports = port_block(name, config["provider"].get("ports", {}).get("base"))
         self.log = tmp / f"{name}.log"
+        self.auth_mode = config["provider"].get("auth", {}).get("mode", "token")
         #: Variables every command of the cluster gets on top of `base_env` (e.g. the
         #: defaults files, RAY_SLURM_DEFAULTS).
         self.extra_env: dict[str, str] = {}
@@ -126,9 +127,11 @@ class RayCluster:
         return env
 
     def env(self, **extra: str) -> dict[str, str]:
+        """What `ray-slurm env` exports for the cluster's auth mode, on top of `base_env`."""
         env = self.base_env()
-        env["RAY_AUTH_MODE"] = "token"
-        env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
+        env["RAY_AUTH_MODE"] = self.auth_mode
+        if self.auth_mode == "token":
+            env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
         env.update(self.extra_env)
         env.update(extra)
         return env

@@ -133,15 +133,29 @@ def _status(url: str, token: str = "") -> int:
 
 
 def test_job_submit_scales_up_from_zero(cluster: RayCluster) -> None:
+    """Also: the driver (on the head) and the tasks (on new workers) run the login side's Ray,
+    the one that ran `ray up` (provider.python; CI runs this module on the lowest Ray that
+    pyproject.toml declares too)."""
     t0 = time.monotonic()
     out = cluster.submit(
         "import ray, socket; ray.init();"
-        "f = ray.remote(num_cpus=1)(lambda: ray.get_runtime_context().get_node_id());"
-        "print('NODES', len(set(ray.get([f.remote() for _ in range(4)]))))"
+        "f = ray.remote(num_cpus=1)(lambda: (ray.get_runtime_context().get_node_id(),"
+        " ray.__version__));"
+        "got = ray.get([f.remote() for _ in range(4)]);"
+        "print('NODES', len({n for n, _ in got}));"
+        "print('VERSIONS', sorted({ray.__version__} | {v for _, v in got}))"
     )
     TIMINGS["demand -> task done on new worker"] = time.monotonic() - t0
     assert re.search(r"NODES [1-3]", out), out
+    assert f"VERSIONS {[login_ray_version()]}" in out, out
     assert len(cluster.jobs()) >= 2
+
+
+def login_ray_version() -> str:
+    """The Ray of the `ray` that the tests run (asked of that `ray`, not imported here)."""
+    cp = subprocess.run([RAY, "--version"], capture_output=True, text=True, timeout=60,
+                        check=True)
+    return cp.stdout.split()[-1]
 
 
 def ray_slurm(cluster: RayCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -232,14 +246,36 @@ def test_gpu_node_type_scales_to_its_own_max(cluster: RayCluster) -> None:
 def test_second_cluster_runs_beside_the_first(cluster: RayCluster,
                                               tmp_path_factory: pytest.TempPathFactory) -> None:
     """Runs while the first cluster's workers go idle: the next test waits for their
-    scale-down, which this test's time counts towards."""
+    scale-down, which this test's time counts towards.
+
+    The second cluster has `auth: {mode: disabled}` and a home (login side and nodes) with a
+    leftover `~/.ray/auth_token`, as a shared $HOME has after any `ray get-auth-token
+    --generate`. From Ray 2.59 `ray start --head` switches token auth on by itself when that
+    file exists and RAY_AUTH_MODE is unset; a worker started with the mode the provider set
+    could then not join. The provider sets the mode on every node, so the cluster keeps the
+    mode it was configured with: the dashboard answers without a token and a task runs on a
+    new worker."""
     head = str(cluster.head()["job_id"])
+    tmp = tmp_path_factory.mktemp("e2e-b")
+    home = tmp / "home"
+    leftover = home / ".ray" / "auth_token"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("leftover" * 8)
     cfg = yaml.safe_load(CONFIG.read_text())
-    other = RayCluster(tmp_path_factory.mktemp("e2e-b"), "e2e-b", cfg)
+    cfg["provider"]["auth"] = {"mode": "disabled"}
+    cfg["provider"]["environment"] = {"HOME": str(home)}
+    other = RayCluster(tmp, "e2e-b", cfg)
+    other.extra_env["HOME"] = str(home)
     try:
         other.up()
         assert other.ports.gcs != cluster.ports.gcs
-        assert "succeeded" in other.submit("import ray; ray.init(); print(ray.cluster_resources())")
+        assert _status(f"{other.dashboard}/api/version") == 200  # no token asked for
+        out = other.submit(
+            "import ray; ray.init();"
+            "f = ray.remote(num_cpus=1)(lambda: ray.util.get_node_ip_address());"
+            "print('WORKER', ray.get(f.remote()))", timeout=600)
+        assert f"WORKER {other.head()['ip']}" not in out and "WORKER 127.0.0." in out, out
+        assert leftover.read_text() == "leftover" * 8
         other.down()
         # scancel is sent by then; a job may still be COMPLETING (its processes exiting).
         wait_for(lambda: other.jobs() == [], 60, "the second cluster's jobs to end",

@@ -221,3 +221,19 @@ def test_the_readme_stays_a_newcomers_page() -> None:
     unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md"))
                 if f"(docs/{p.name})" not in text]
     assert not unlinked, f"the README does not link {unlinked}"
+
+
+def test_tested_with_names_each_ray_that_ci_runs() -> None:
+    """Issue 29.4: the README's Tested with names the Ray of the project venv and the lowest
+    Ray that pyproject.toml declares, which scripts/test.sh reads from the same line and runs
+    the core lifecycle on."""
+    import ray
+
+    m = re.search(r'"ray\[default\]>=([0-9.]+),', (ROOT / "pyproject.toml").read_text())
+    assert m, "pyproject.toml declares no ray[default]>=X,..."
+    floor = m.group(1) + ".0" * (2 - m.group(1).count("."))  # pip's ==2.55 is 2.55.0
+    text = (ROOT / "README.md").read_text()
+    tested = text.split("### Tested with", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+\.\d+\.\d+)\b", tested, re.M)
+    assert floor in rows and ray.__version__ in rows, rows
+    assert "floor_ray" in (ROOT / "scripts" / "test.sh").read_text()

@@ -7,6 +7,7 @@ source text. No Ray cluster is started.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 import types
@@ -452,6 +453,36 @@ def test_use_auth_makes_ray_read_the_clusters_token_again(
         assert get_authentication_mode() != off
         headers = AuthenticationTokenLoader.instance().get_token_for_http_header()
         assert "t0k3n" in str(headers)
+    finally:
+        monkeypatch.undo()
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+def test_a_home_token_switches_ray_start_head_to_token_mode_only_without_a_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the provider sets RAY_AUTH_MODE on every node, `disabled` included (auth.auth_env;
+    tests/e2e/test_ray_up.py shows it on a real cluster): from Ray 2.59 `ray start --head`
+    turns token auth on by itself when `~/.ray/auth_token` exists and the mode is unset, and
+    keeps to the mode when it is set."""
+    setup = pytest.importorskip("ray._private.authentication.authentication_token_setup")
+    switch = getattr(setup, "maybe_enable_token_auth_if_token_available", None)
+    if switch is None:
+        pytest.skip("this Ray (before 2.59) never switches the mode by itself")
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("leftover")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    AuthenticationTokenLoader.instance().reset_cache()
+    try:
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+        assert switch(warn_if_disabled=False) is False
+        monkeypatch.delenv("RAY_AUTH_MODE")
+        assert switch(warn_if_disabled=False) is True  # the home's token switched it on
+        assert os.environ.get("RAY_AUTH_MODE") == "token"
     finally:
         monkeypatch.undo()
         Config.initialize("")
