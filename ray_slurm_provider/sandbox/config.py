@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from ray_slurm_provider.sandbox import accounting, pyslurmwheel, roots
+from ray_slurm_provider.sandbox import accounting, pyslurmwheel, roots, strict
 from ray_slurm_provider.sandbox.layout import Layout
 
 CLUSTER_NAME = accounting.CLUSTER_NAME
@@ -41,6 +41,7 @@ KILL_WAIT_S = 10
 MAX_NODES = 250  # 127.0.0.2 .. 127.0.0.251
 MAX_USERS = 16
 MAX_PORT = 10001  # Ray's default worker ports start at 10002
+MIN_JOB_AGE_S = 600  # the plain sandbox keeps finished jobs listed (strict: sandbox/strict.py)
 
 
 def node_name(k: int) -> str:
@@ -79,6 +80,7 @@ class SandboxSpec:
     pyxis: bool = False  # enroot and the pyxis SPANK plugin (sandbox/pyxis.py)
     pyslurm: bool = False  # pyslurm built against the release (sandbox/pyslurmwheel.py)
     login: bool = False  # an sshd as the login node (sandbox/login.py)
+    strict: bool = False  # rate limits, short MinJobAge, PrivateData (sandbox/strict.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -104,6 +106,8 @@ class SandboxSpec:
                              f"(pyxis is built against the host's spank.h)")
         if self.pyslurm:
             pyslurmwheel.check_release(self.slurm)
+        if self.strict:
+            strict.check_release(self.slurm)
         if self.login and self.users < 1:
             raise ValueError("--login needs --users N (N >= 1): the login node admits the "
                              "sandbox's users only")
@@ -142,6 +146,7 @@ class SandboxSpec:
             pyxis=bool(data.get("pyxis", False)),
             pyslurm=bool(data.get("pyslurm", False)),
             login=bool(data.get("login", False)),
+            strict=bool(data.get("strict", False)),
         )
 
     @property
@@ -194,7 +199,7 @@ def render_slurm_conf(layout: Layout, spec: SandboxSpec) -> str:
         "JobAcctGatherType=jobacct_gather/none",
         "ReturnToService=2",
         f"KillWait={KILL_WAIT_S}",
-        "MinJobAge=600",
+        f"MinJobAge={strict.MIN_JOB_AGE_S if spec.strict else MIN_JOB_AGE_S}",
         "InactiveLimit=0",
         "GresTypes=gpu",
     ]
@@ -204,6 +209,8 @@ def render_slurm_conf(layout: Layout, spec: SandboxSpec) -> str:
         lines += accounting.slurm_conf_lines(layout, spec.port_offset)
     if spec.pyxis:
         lines.append(f"PlugStackConfig={layout.plugstack_conf}")
+    if spec.strict:
+        lines += strict.slurm_conf_lines()
     for k in range(1, spec.nodes + 1):
         kind, count = node_gpus(spec, k)
         gres = f" Gres=gpu:{kind + ':' if kind else ''}{count}" if count else ""
