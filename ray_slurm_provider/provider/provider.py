@@ -300,7 +300,8 @@ class SlurmNodeProvider(NodeProvider):
         n = nt.node_config.nodes  # a gang type: whole groups of n nodes, one job each
         ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec,
                                     {**tags, GROUP_TAG: str(n)} if n > 1 else tags, node_type,
-                                    head, groups(count, n))  # one sbatch (an array) if it can
+                                    head, groups(count, n),  # one sbatch (an array) if it can
+                                    sleep=self._sleep)
         if head:
             runs.record_head(self.cluster_dir, ids[0])
         self.records.submitted(ids, spec, node_type, head)
