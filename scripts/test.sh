@@ -8,13 +8,16 @@
 #   2. Slurm 25.11 (built once from its tarball in $RAY_SLURM_VENDOR_DIR) and 26.05 (a
 #      Debian root), both built once into the cache: the Slurm
 #      integration suites (CLI and REST) and the core `ray up` lifecycle; on 26.05 also
-#      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py)
+#      Ray in Apptainer as an ordinary user (tests/e2e/test_apptainer.py); then 25.11
+#      --strict (rate limits, MinJobAge=30, PrivateData=jobs): a cluster of its sandbox user
+#      (tests/e2e/test_strict.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
 # Extra arguments go to pytest in every phase (and to phase 1's unit run).
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
 #                          use it with a suffix)
 #   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandboxes' ports (to run beside another sandbox;
-#                          25.11, 26.05 and accounting add 100, 200, 300: no two phases meet)
+#                          25.11, 26.05, accounting and strict add 100, 200, 300, 400: no
+#                          two phases meet)
 #   RSP_PHASES             which phases to run (default "1 2 3")
 #   PYTEST_TIMEOUT         per-test timeout in seconds (default 900)
 # A sandbox this script starts is always taken down on exit; one that already ran before it
@@ -80,7 +83,7 @@ for p in $PHASES; do
        # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
        phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --port-offset $OFFSET" \
-         -m 'not gpu and not accounting and not apptainer' --ignore=tests/unit tests/ "$@" \
+         -m 'not gpu and not accounting and not apptainer and not strict' --ignore=tests/unit tests/ "$@" \
          || FAILED+=("$name")
        echo "== pytest (unit tests, run while phase 1's sandbox came up)"
        cat "$unit_log"
@@ -94,7 +97,13 @@ for p in $PHASES; do
        phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \
          "--slurm 26.05 --users 1 --port-offset $((OFFSET + 200))" \
          -m 'not gpu' "${MATRIX[@]}" tests/e2e/test_apptainer.py "$@" \
-         || FAILED+=("Slurm 26.05") ;;
+         || FAILED+=("Slurm 26.05")
+       # A strict controller (issue 29): rate limiting, MinJobAge and PrivateData exempt root,
+       # so its module runs the cluster as the one sandbox user; 4 CPUs a node: 8 workers
+       # beside the head. Its own sandbox: the matrix above runs as root on a plain one.
+       phase "Slurm 25.11 strict" "$MAIN_DIR-strict" \
+         "--slurm 25.11 --users 1 --strict --cpus-per-node 4 --port-offset $((OFFSET + 400))" \
+         -m 'not gpu' tests/e2e/test_strict.py "$@" || FAILED+=("Slurm 25.11 strict") ;;
     3) name="Slurm 22.05 with accounting"
        phase "$name" "$MAIN_DIR-acct" "--accounting --users 2 --port-offset $((OFFSET + 300))" \
          -m accounting tests/accounting "$@" || FAILED+=("$name") ;;
