@@ -74,7 +74,7 @@ from ray_slurm_provider.provider.nodes import (
     same_listing,
 )
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays, submit_nodes
-from ray_slurm_provider.provider.teardown import Teardown, shorten_ray_down_poll
+from ray_slurm_provider.provider.teardown import Teardown, cancel_jobs, shorten_ray_down_poll
 from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
@@ -338,7 +338,8 @@ class SlurmNodeProvider(NodeProvider):
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         try:
-            self.slurm.cancel(jobs)  # one call; jobs already gone are fine; errors raise
+            # One call, tried again if Slurm does not answer; jobs already gone are fine.
+            cancel_jobs(self.slurm, jobs, self._sleep)
         except Exception:
             with self._lock:
                 self._cancel_failed(jobs, undo)
