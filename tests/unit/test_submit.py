@@ -322,3 +322,18 @@ def test_slurms_rate_limit_words_are_transient() -> None:
     # a throttled request is worth trying again, never a refused node type.
     err = classify("Rate limit exceeded, please retry momentarily", "sbatch")
     assert isinstance(err, TransientSlurmError), err
+
+
+def test_a_head_refused_for_a_missing_association_says_slurms_reason(tmp_path: Path) -> None:
+    """Issue 29: with enforced associations, a user with no association to the account gets
+    Slurm's own words from `ray up`, once: refused is not throttled, so no second try."""
+    said = (Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05" /
+            "sbatch_bad_account.stderr.txt").read_text()
+    p, f, clock = make(tmp_path)
+    p._sleep = clock.advance
+    f.fail_next("submit", classify(said, "sbatch"))
+    with pytest.raises(click.ClickException,
+                       match="Invalid account or account/partition combination specified"):
+        p.create_node({"account": "team-z"}, HEAD_TAGS, 1)
+    assert f.calls["submit"] == 1 and not f.jobs
+    assert errors(p)["head"]["kind"] == "rejected"
