@@ -83,7 +83,8 @@ for p in $PHASES; do
        # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
        phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --port-offset $OFFSET" \
-         -m 'not gpu and not accounting and not apptainer and not strict' --ignore=tests/unit tests/ "$@" \
+         -m 'not gpu and not accounting and not apptainer and not strict and not cgroups' \
+         --ignore=tests/unit tests/ "$@" \
          || FAILED+=("$name")
        echo "== pytest (unit tests, run while phase 1's sandbox came up)"
        cat "$unit_log"
@@ -106,7 +107,12 @@ for p in $PHASES; do
          -m 'not gpu' tests/e2e/test_strict.py "$@" || FAILED+=("Slurm 25.11 strict") ;;
     3) name="Slurm 22.05 with accounting"
        phase "$name" "$MAIN_DIR-acct" "--accounting --users 2 --port-offset $((OFFSET + 300))" \
-         -m accounting tests/accounting "$@" || FAILED+=("$name") ;;
+         -m accounting tests/accounting "$@" || FAILED+=("$name")
+       # Slurm's cgroups (cgroup v1 here; 22.05 only): a task on the job's cores, a full
+       # object store without an OOM kill (issue 29.3).
+       name="Slurm 22.05 with task/cgroup"
+       phase "$name" "$MAIN_DIR-cgroups" "--cgroups --port-offset $((OFFSET + 500))" \
+         -m cgroups tests/e2e/test_cgroups.py "$@" || FAILED+=("$name") ;;
     *) echo "unknown phase $p (phases: 1 2 3)" >&2; exit 2 ;;
   esac
 done

@@ -73,6 +73,9 @@ def register(sub: Any) -> None:
                     help="a strict controller (--slurm 25.11 or 26.05): per-user RPC rate "
                     "limiting with a small bucket, MinJobAge=30, PrivateData=jobs; root and "
                     "SlurmUser are exempt, so run the cluster as a --users user")
+    up.add_argument("--cgroups", action="store_true",
+                    help="TaskPlugin=task/cgroup with ConstrainCores and ConstrainRAMSpace "
+                    "(cgroup v1; the host's 22.05 only)")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -134,7 +137,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
                      port_offset=args.port_offset, users=args.users, slurm=args.slurm,
                      accounting=args.accounting, pyxis=args.pyxis, pyslurm=args.pyslurm,
-                     login=args.login, strict=args.strict)
+                     login=args.login, strict=args.strict, cgroups=args.cgroups)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:

@@ -87,13 +87,13 @@ class Sandbox:
                  docker: bool = False, *, port_offset: int = 0, users: int = 0,
                  slurm: str = roots.HOST_RELEASE, accounting: bool = False,
                  pyxis: bool = False, pyslurm: bool = False,
-                 login: bool = False, strict: bool = False) -> None:
+                 login: bool = False, strict: bool = False, cgroups: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
                                 port_offset=port_offset, users=users, slurm=slurm,
                                 accounting=accounting, pyxis=pyxis, pyslurm=pyslurm,
-                                login=login, strict=strict)
+                                login=login, strict=strict, cgroups=cgroups)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -110,7 +110,7 @@ class Sandbox:
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
                    port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
                    accounting=spec.accounting, pyxis=spec.pyxis, pyslurm=spec.pyslurm,
-                   login=spec.login, strict=spec.strict)
+                   login=spec.login, strict=spec.strict, cgroups=spec.cgroups)
 
     @property
     def state_dir(self) -> str:

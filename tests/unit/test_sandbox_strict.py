@@ -64,3 +64,18 @@ def test_status_picks_the_strict_settings_out_of_show_config() -> None:
     assert strict.config_lines(shown) == [
         "MinJobAge = 30 sec", "PrivateData = jobs",
         "SlurmctldParameters = rl_enable,rl_bucket_size=10,rl_refill_rate=1,rl_refill_period=1"]
+
+
+def test_cgroups_confine_cores_and_ram_on_the_hosts_release_only() -> None:
+    from ray_slurm_provider.sandbox.config import render_cgroup_conf
+
+    assert conf(SandboxSpec(cgroups=True))["TaskPlugin"] == ["task/cgroup,task/affinity"]
+    assert conf(SandboxSpec())["TaskPlugin"] == ["task/none"]
+    text = render_cgroup_conf(True)
+    assert "CgroupPlugin=cgroup/v1" in text and "ConstrainCores=yes" in text
+    assert "ConstrainRAMSpace=yes" in text
+    assert "CgroupPlugin=disabled" in render_cgroup_conf()
+    with pytest.raises(ValueError, match=r"--cgroups runs only with the host's Slurm 22\.05"):
+        SandboxSpec(slurm="25.11", cgroups=True)
+    spec = SandboxSpec(cgroups=True)
+    assert SandboxSpec.from_json(spec.to_json()) == spec
