@@ -18,7 +18,7 @@ from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND, TAG_RAY_USE
 from ray_slurm_provider.provider.guard import MAX_DELAY_S, HeldBack, LaunchGuard, last_log_line
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays
-from ray_slurm_provider.slurm.client import TransientSlurmError, classify
+from ray_slurm_provider.slurm.client import SlurmError, TransientSlurmError, classify
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import RayUp
 from tests.fakes import BAD_PARTITION, FakeClock, FakeSlurm
@@ -337,3 +337,22 @@ def test_a_head_refused_for_a_missing_association_says_slurms_reason(tmp_path: P
         p.create_node({"account": "team-z"}, HEAD_TAGS, 1)
     assert f.calls["submit"] == 1 and not f.jobs
     assert errors(p)["head"]["kind"] == "rejected"
+
+
+def test_ray_ups_first_question_to_slurm_is_asked_again_when_not_answered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: the partitions `ray up` checks the config against, from a controller that
+    did not answer in time once, are asked for again (backing off) instead of failing."""
+    from ray_slurm_provider.provider import bootstrap
+
+    f = FakeSlurm(FakeClock())
+    f.fail_next("cluster_info", TransientSlurmError("sinfo: no answer within 30s", "", "sinfo"))
+    monkeypatch.setattr("ray_slurm_provider.slurm.factory.make_client", lambda *a, **k: f)
+    naps: list[float] = []
+    info = bootstrap._cluster_info({}, sleep=naps.append)
+    assert info.partitions and f.calls["cluster_info"] == 2 and len(naps) == 1
+    f.fail_next("cluster_info", classify("sinfo: error: Invalid partition name specified",
+                                         "sinfo"))
+    with pytest.raises(SlurmError):  # a refusal is not asked again
+        bootstrap._cluster_info({}, sleep=naps.append)
+    assert f.calls["cluster_info"] == 3
