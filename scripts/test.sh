@@ -11,13 +11,15 @@
 #      built once against it) and 26.05 (a Debian root), both built once into the cache: the
 #      Slurm integration suites (CLI and REST; on 25.11 pyslurm too) and the core `ray up`
 #      lifecycle (on 25.11 also over pyslurm); on 26.05 also Ray in Apptainer as an
-#      ordinary user (tests/e2e/test_apptainer.py)
+#      ordinary user (tests/e2e/test_apptainer.py); then 25.11 --strict (rate limits,
+#      MinJobAge=30, PrivateData=jobs): a cluster of its sandbox user (tests/e2e/test_strict.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
 # Extra arguments go to pytest in every phase (and to phase 1's unit run).
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
 #                          use it with a suffix)
 #   RAY_SLURM_SANDBOX_PORT_OFFSET  shift the sandboxes' ports (to run beside another sandbox;
-#                          25.11, 26.05 and accounting add 100, 200, 300: no two phases meet)
+#                          25.11, 26.05, accounting and strict add 100, 200, 300, 400: no
+#                          two phases meet)
 #   RSP_PHASES             which phases to run (default "1 2 3")
 #   PYTEST_TIMEOUT         per-test timeout in seconds (default 900)
 #   RSP_FLOOR_VENV         the venv of the lowest declared Ray (default .venv-ray-floor)
@@ -137,7 +139,8 @@ for p in $PHASES; do
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
        AFTER_PYTEST=floor_e2e phase "$name" "$MAIN_DIR" \
          "--docker --pyxis --users 2 --port-offset $OFFSET" \
-         -m 'not gpu and not accounting and not apptainer' --ignore=tests/unit tests/ "$@" \
+         -m 'not gpu and not accounting and not apptainer and not strict and not cgroups' \
+         --ignore=tests/unit tests/ "$@" \
          || FAILED+=("$name")
        wait "$floor_pid"  # when the sandbox failed before floor_e2e waited for the venv
        [ "$(cat "$floor_rc")" = 0 ] || FAILED+=("Ray $(floor_ray) (lowest declared), Slurm 22.05")
@@ -155,10 +158,21 @@ for p in $PHASES; do
        phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \
          "--slurm 26.05 --users 1 --port-offset $((OFFSET + 200))" \
          -m 'not gpu' "${MATRIX[@]}" tests/e2e/test_apptainer.py "$@" \
-         || FAILED+=("Slurm 26.05") ;;
+         || FAILED+=("Slurm 26.05")
+       # A strict controller (issue 29): rate limiting, MinJobAge and PrivateData exempt root,
+       # so its module runs the cluster as the one sandbox user; 4 CPUs a node: 8 workers
+       # beside the head. Its own sandbox: the matrix above runs as root on a plain one.
+       phase "Slurm 25.11 strict" "$MAIN_DIR-strict" \
+         "--slurm 25.11 --users 1 --strict --cpus-per-node 4 --port-offset $((OFFSET + 400))" \
+         -m 'not gpu' tests/e2e/test_strict.py "$@" || FAILED+=("Slurm 25.11 strict") ;;
     3) name="Slurm 22.05 with accounting"
        phase "$name" "$MAIN_DIR-acct" "--accounting --users 2 --port-offset $((OFFSET + 300))" \
-         -m accounting tests/accounting "$@" || FAILED+=("$name") ;;
+         -m accounting tests/accounting "$@" || FAILED+=("$name")
+       # Slurm's cgroups (cgroup v1 here; 22.05 only): a task on the job's cores, a full
+       # object store without an OOM kill (issue 29.3).
+       name="Slurm 22.05 with task/cgroup"
+       phase "$name" "$MAIN_DIR-cgroups" "--cgroups --port-offset $((OFFSET + 500))" \
+         -m cgroups tests/e2e/test_cgroups.py "$@" || FAILED+=("$name") ;;
     *) echo "unknown phase $p (phases: 1 2 3)" >&2; exit 2 ;;
   esac
 done

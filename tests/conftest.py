@@ -37,7 +37,7 @@ PORT_OFFSET_ENV = "RAY_SLURM_SANDBOX_PORT_OFFSET"
 #: partly running sandbox to recover before repairing it.
 SHARED_RECOVERY_S = 60.0
 #: The modules whose tests run as the sandbox's users, with a Python built for them.
-USER_VENV_MODULES = ("test_two_users", "test_apptainer", "test_laptop_tunnels")
+USER_VENV_MODULES = ("test_two_users", "test_apptainer", "test_laptop_tunnels", "test_strict")
 
 
 def _truthy(name: str) -> bool:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -29,13 +30,22 @@ from ray_slurm_provider.cluster import (
 )
 from ray_slurm_provider.config import ConfigError, parse_provider
 from ray_slurm_provider.provider import defaults, validation
-from ray_slurm_provider.slurm.client import ClusterInfo
+from ray_slurm_provider.retry import exponential, retry
+from ray_slurm_provider.slurm.client import ClusterInfo, SlurmClient, TransientSlurmError
 from ray_slurm_provider.units import MIB, mem_bytes
 
 logger = logging.getLogger(__name__)
 
 
-def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
+#: Tries of the live cluster's description at `ray up` (the first Slurm call of a run):
+#: a controller that does not answer in time once (a rate-limited one answers slowly,
+#: issue 29) is asked again, backing off, before `ray up` fails.
+INFO_ATTEMPTS = 3
+INFO_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
+
+
+def _cluster_info(config: dict[str, Any] | None = None,
+                  sleep: Callable[[float], None] | None = None) -> ClusterInfo:
     """The live cluster, through the transport the config's provider section selects."""
     from ray_slurm_provider.slurm.factory import make_client
 
@@ -44,8 +54,16 @@ def _cluster_info(config: dict[str, Any] | None = None) -> ClusterInfo:
         from ray_slurm_provider.slurm.cli import CliSlurmClient
         from ray_slurm_provider.slurm.ssh import SshLink
 
-        return CliSlurmClient(remote=SshLink(pcfg.ssh)).cluster_info()
-    return make_client(pcfg).cluster_info()
+        client: SlurmClient = CliSlurmClient(remote=SshLink(pcfg.ssh))
+    else:
+        client = make_client(pcfg)
+
+    def note(n: int, err: BaseException | None, wait: float) -> None:
+        logger.warning("asking Slurm for its partitions (try %d of %d): %s; trying again in "
+                       "%.0fs", n, INFO_ATTEMPTS, err, wait)
+
+    return retry(lambda _: client.cluster_info(), delay=INFO_DELAY, attempts=INFO_ATTEMPTS,
+                 retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
 
 
 #: provider.ssh is half-built: the login node's Slurm commands and checks go over SSH

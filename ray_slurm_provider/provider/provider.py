@@ -74,7 +74,7 @@ from ray_slurm_provider.provider.nodes import (
     same_listing,
 )
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays, submit_nodes
-from ray_slurm_provider.provider.teardown import Teardown, shorten_ray_down_poll
+from ray_slurm_provider.provider.teardown import Teardown, cancel_jobs, shorten_ray_down_poll
 from ray_slurm_provider.provider.walltime import HeadWalltime
 from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
 from ray_slurm_provider.slurm.factory import make_client
@@ -300,7 +300,8 @@ class SlurmNodeProvider(NodeProvider):
         n = nt.node_config.nodes  # a gang type: whole groups of n nodes, one job each
         ids, refused = submit_nodes(self.slurm, self.guard, self.strays, spec,
                                     {**tags, GROUP_TAG: str(n)} if n > 1 else tags, node_type,
-                                    head, groups(count, n))  # one sbatch (an array) if it can
+                                    head, groups(count, n),  # one sbatch (an array) if it can
+                                    sleep=self._sleep)
         if head:
             runs.record_head(self.cluster_dir, ids[0])
         self.records.submitted(ids, spec, node_type, head)
@@ -337,7 +338,8 @@ class SlurmNodeProvider(NodeProvider):
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
         try:
-            self.slurm.cancel(jobs)  # one call; jobs already gone are fine; errors raise
+            # One call, tried again if Slurm does not answer; jobs already gone are fine.
+            cancel_jobs(self.slurm, jobs, self._sleep)
         except Exception:
             with self._lock:
                 self._cancel_failed(jobs, undo)

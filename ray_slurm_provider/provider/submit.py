@@ -1,10 +1,12 @@
 """Submitting a launch: one sbatch (an array) where it can, through the type's back-off
 (guard.py), and stray submissions.
 
-A submission that raised a transient error (timeout, lost answer) may still have queued a
-job. Ray was told the launch failed and will launch again, so such a job would be a
-duplicate: each submission carries a nonce in its job comment, and a listed job whose nonce
-belongs to a failed submission is cancelled on sight (`Strays`).
+A submission that raised a transient error (timeout, lost answer; on a rate-limited
+controller sbatch backs off by itself and can run past its timeout, issue 29) may still have
+queued a job. Each submission carries a nonce in its job comment: before trying again, the
+cluster's jobs are listed and a job carrying that nonce is adopted (the submission
+succeeded). One not listed is a stray: should it show up later, it is cancelled on sight
+(`Strays`), and the next try has a nonce of its own. So a submission never leaves two jobs.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ray_slurm_provider import rayapi
-from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.jobs import decode_tags, encode_tags
 from ray_slurm_provider.provider.guard import CATEGORY, HeldBack, LaunchGuard
+from ray_slurm_provider.retry import exponential, retry
 from ray_slurm_provider.slurm.client import (
     ArraySubmitter,
     PermanentSlurmError,
@@ -32,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 #: Job-comment tag of one submission (stripped from the tags Ray sees).
 SUBMIT_TAG = "ray-slurm-submit"
+#: Tries of one submission that Slurm did not answer, and the back-off between them
+#: (jittered: the provider and a head's autoscaler may be throttled together).
+SUBMIT_ATTEMPTS = 3
+SUBMIT_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 
 class Strays:
@@ -84,32 +91,69 @@ class ArrayNotTaken(PermanentSlurmError):
     its nodes are tried one job at a time. Nothing was queued."""
 
 
+def queued_anyway(slurm: SlurmClient, job_name: str, nonce: str) -> list[str]:
+    """The ids of the jobs a submission that raised queued after all (their comment carries
+    its `nonce`; every task of an array does), in task order; [] when none is listed or the
+    listing itself fails (the nonce then stays a stray)."""
+    try:
+        jobs = slurm.list_jobs(job_name)
+    except SlurmError as e:
+        logger.info("listing %s to find a submission that got no answer failed: %s",
+                    job_name, e.slurm_message)
+        return []
+    ids = [j.job_id for j in jobs if (decode_tags(j.comment) or {}).get(SUBMIT_TAG) == nonce]
+
+    def order(job_id: str) -> tuple[int, int]:
+        base, _, task = job_id.partition("_")
+        return int(base) if base.isdigit() else 0, int(task) if task.isdigit() else -1
+
+    return sorted(ids, key=order)
+
+
 def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
                    tags: dict[str, str], node_type: str, head: bool,
-                   count: int = 1, queued: int = 0, wanted: int = 1) -> list[str]:
+                   count: int = 1, queued: int = 0, wanted: int = 1,
+                   sleep: Callable[[float], None] | None = None) -> list[str]:
     """One sbatch (a job array of `count` tasks when count > 1: the caller checks that the
     back end is an `ArraySubmitter`): a held-back type fails at once, a failure holds the
-    type back, and a job of a submission that raised never lives on (its nonce, shared by
-    every task of an array, goes to `strays`). A refused array raises ArraysRefused or
-    ArrayNotTaken without holding the type back. `queued` of `wanted` nodes were queued
-    before this call (for the error's words)."""
-    nonce = uuid.uuid4().hex[:16]
+    type back. A submission Slurm did not answer is looked for by its nonce and adopted when
+    listed, else tried again (SUBMIT_ATTEMPTS in all, backing off) with a new nonce, the old
+    one a stray. A refused array raises ArraysRefused or ArrayNotTaken without holding the
+    type back. `queued` of `wanted` nodes were queued before this call (for the error's
+    words)."""
     try:
         guard.check(node_type)
-        comment = encode_tags({**tags, SUBMIT_TAG: nonce})
-        if count > 1 and isinstance(slurm, ArraySubmitter):
-            job_ids = slurm.submit_array(spec, count, comment=comment)
-        else:
-            job_ids = [slurm.submit(spec, comment=comment)]
     except HeldBack as e:
         raise launch_error(head, e.category, str(e)) from None
+
+    def attempt(n: int) -> list[str]:
+        nonce = uuid.uuid4().hex[:16]
+        comment = encode_tags({**tags, SUBMIT_TAG: nonce})
+        try:
+            if count > 1 and isinstance(slurm, ArraySubmitter):
+                return slurm.submit_array(spec, count, comment=comment)
+            return [slurm.submit(spec, comment=comment)]
+        except TransientSlurmError as e:
+            found = queued_anyway(slurm, spec.job_name, nonce)
+            if len(found) == count:
+                logger.info("Slurm queued %s of node type %s although the submission got no "
+                            "answer (%s)", ",".join(found), node_type, e.slurm_message)
+                return found
+            strays.add(nonce)
+            raise
+
+    def note(n: int, err: BaseException | None, wait: float) -> None:
+        logger.warning("submitting node type %s (try %d of %d): %s; trying again in %.0fs",
+                       node_type, n, SUBMIT_ATTEMPTS, err, wait)
+
+    try:
+        job_ids = retry(attempt, delay=SUBMIT_DELAY, attempts=SUBMIT_ATTEMPTS,
+                        retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
     except SlurmError as e:
         if count > 1 and isinstance(e, PermanentSlurmError):  # nothing queued
             refused = ArraysRefused if "array" in e.slurm_message.lower() else ArrayNotTaken
             raise refused(str(e), e.slurm_message, e.command) from e
         kind = "unavailable" if isinstance(e, TransientSlurmError) else "rejected"
-        if kind == "unavailable":
-            strays.add(nonce)
         guard.failed(node_type, e.slurm_message, kind)
         what = (f"Slurm queued {queued} of {wanted} nodes of type {node_type} and refused "
                 "the rest" if queued else f"Slurm did not take the job of node type {node_type}")
@@ -120,7 +164,8 @@ def guarded_submit(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec:
 
 def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: JobSpec,
                  tags: dict[str, str], node_type: str, head: bool,
-                 count: int) -> tuple[list[str], Exception | None]:
+                 count: int, sleep: Callable[[float], None] | None = None,
+                 ) -> tuple[list[str], Exception | None]:
     """`count` nodes of one type. On a back end that submits arrays (the CLI), ONE
     `sbatch --array` for all of them: each task is a node of its own, id `<array>_<task>`,
     logging to `<array>_<task>.out`. An array Slurm refuses (larger than the site's
@@ -138,7 +183,8 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
         while count - len(ids) > 1 and not guard.arrays_refused:
             n = min(count - len(ids), guard.max_array)
             try:
-                ids += guarded_submit(slurm, guard, strays, aspec, tags, node_type, head, n)
+                ids += guarded_submit(slurm, guard, strays, aspec, tags, node_type, head, n,
+                                      sleep=sleep)
             except ArraysRefused as e:
                 if n > 2:  # bigger than the site's MaxArraySize, say: halve, keep that size
                     guard.max_array = (n + 1) // 2
@@ -153,7 +199,7 @@ def submit_nodes(slurm: SlurmClient, guard: LaunchGuard, strays: Strays, spec: J
     while len(ids) < count:
         try:
             ids += guarded_submit(slurm, guard, strays, spec, tags, node_type, head,
-                                  queued=len(ids), wanted=count)
+                                  queued=len(ids), wanted=count, sleep=sleep)
         except Exception as e:  # a launch error (guarded_submit): Slurm took only some
             if not ids:
                 raise

@@ -18,6 +18,7 @@ from ray_slurm_provider.sandbox import (
     pyxis,
     roots,
     source,
+    strict,
     users,
 )
 from ray_slurm_provider.sandbox.core import STATE_DIR_ENV, Sandbox
@@ -68,6 +69,13 @@ def register(sub: Any) -> None:
                     help="also run an sshd (openssh-server, as a plain process) on "
                     "127.0.0.1:6822 (plus the port offset) as the login node, with a host key, "
                     "known_hosts and a key pair per user (needs --users N)")
+    up.add_argument("--strict", action="store_true",
+                    help="a strict controller (--slurm 25.11 or 26.05): per-user RPC rate "
+                    "limiting with a small bucket, MinJobAge=30, PrivateData=jobs; root and "
+                    "SlurmUser are exempt, so run the cluster as a --users user")
+    up.add_argument("--cgroups", action="store_true",
+                    help="TaskPlugin=task/cgroup with ConstrainCores and ConstrainRAMSpace "
+                    "(cgroup v1; the host's 22.05 only)")
     up.add_argument("--install", action="store_true",
                     help="apt-get install the missing packages instead of failing")
     up.add_argument("--port-offset", type=int, default=0,
@@ -129,7 +137,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      memory_mb_per_node=args.memory_per_node, docker=args.docker,
                      port_offset=args.port_offset, users=args.users, slurm=args.slurm,
                      accounting=args.accounting, pyxis=args.pyxis, pyslurm=args.pyslurm,
-                     login=args.login)
+                     login=args.login, strict=args.strict, cgroups=args.cgroups)
         t0 = time.monotonic()
         env = sb.up(install=args.install)
     except (SandboxError, ValueError) as e:
@@ -189,7 +197,20 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(res.stdout.rstrip())
         except proc.CommandError as e:
             print(f"sinfo failed: {e}")
+        if st.strict:
+            _print_strict(sb)
     return 0 if st.running else 1
+
+
+def _print_strict(sb: Sandbox) -> None:
+    """The strict settings as the running slurmctld reports them."""
+    try:
+        res = proc.run(["scontrol", "show", "config"], env=daemons.client_env(sb.layout),
+                       timeout=20)
+    except proc.CommandError as e:
+        print(f"scontrol show config failed: {e}")
+        return
+    print("strict: " + "; ".join(strict.config_lines(res.stdout)))
 
 
 def cmd_down(args: argparse.Namespace) -> int:

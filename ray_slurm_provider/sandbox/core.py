@@ -64,6 +64,7 @@ class SandboxStatus:
     daemons: dict[str, int | None] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)  # "n1" -> "idle", "mix", "down*", ...
     slurm: str = ""  # the release it was brought up with
+    strict: bool = False  # brought up with --strict
 
     @property
     def running(self) -> bool:
@@ -86,13 +87,13 @@ class Sandbox:
                  docker: bool = False, *, port_offset: int = 0, users: int = 0,
                  slurm: str = roots.HOST_RELEASE, accounting: bool = False,
                  pyxis: bool = False, pyslurm: bool = False,
-                 login: bool = False) -> None:
+                 login: bool = False, strict: bool = False, cgroups: bool = False) -> None:
         self.spec = SandboxSpec(nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node,
                                 memory_mb_per_node=memory_mb_per_node, docker=docker,
                                 port_offset=port_offset, users=users, slurm=slurm,
                                 accounting=accounting, pyxis=pyxis, pyslurm=pyslurm,
-                                login=login)
+                                login=login, strict=strict, cgroups=cgroups)
         root = os.path.abspath(state_dir) if state_dir else default_state_dir()
         self.layout = Layout(root)
         self._registry = Registry(self.layout.pids_file)
@@ -109,7 +110,7 @@ class Sandbox:
                    memory_mb_per_node=spec.memory_mb_per_node, docker=spec.docker,
                    port_offset=spec.port_offset, users=spec.users, slurm=spec.slurm,
                    accounting=spec.accounting, pyxis=spec.pyxis, pyslurm=spec.pyslurm,
-                   login=spec.login)
+                   login=spec.login, strict=spec.strict, cgroups=spec.cgroups)
 
     @property
     def state_dir(self) -> str:
@@ -233,7 +234,7 @@ class Sandbox:
             pids[name] = entry.pid if entry is not None and is_ours(entry) else None
         nodes = (probes.node_states(daemons.client_env(self.layout))
                  if pids.get("slurmctld") is not None else {})
-        return SandboxStatus(self.state_dir, pids, nodes, spec.slurm)
+        return SandboxStatus(self.state_dir, pids, nodes, spec.slurm, spec.strict)
 
     def stop_daemon(self, name: str) -> None:
         """Stop one daemon (e.g. "slurmctld", "slurmrestd", "slurmd:n2") by its pid and wait

@@ -101,6 +101,10 @@ def prepare(layout: Layout, spec: SandboxSpec) -> None:
         _prepare_source_clients(layout, spec)
     else:  # wrappers of another release, left by an earlier `up` at this state dir
         shutil.rmtree(layout.bin_dir, ignore_errors=True)
+        if spec.cgroups:
+            _write_if_changed(layout.cgroup_conf, config.render_cgroup_conf(True), 0o644)
+        elif os.path.exists(layout.cgroup_conf):  # an earlier `up --cgroups` here
+            os.unlink(layout.cgroup_conf)
     if spec.accounting:
         _mkdir(accounting.db_dir(layout), 0o700)
         conf = accounting.render_dbd_conf(layout, spec.port_offset, accounting.password(layout))

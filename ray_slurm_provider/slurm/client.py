@@ -266,7 +266,8 @@ _TRANSIENT = re.compile(
     r"socket timed out|timed out|temporarily unavailable|try again|"
     r"slurm_receive_msg|zero bytes were transmitted|communication connection failure|"
     r"controller is busy|slurmctld.*(down|not responding)|service unavailable|"
-    r"bad gateway|gateway timeout|standby mode|transport endpoint is not connected",
+    r"bad gateway|gateway timeout|standby mode|transport endpoint is not connected|"
+    r"rate limit exceeded|too many requests",
     re.IGNORECASE,
 )
 

@@ -289,6 +289,7 @@ def _cancel_failed(tmp_path: Path, running: bool) -> tuple[Any, FakeSlurm]:
         f.start("1000", "n[1-2]")
     p.non_terminated_nodes({})
     f.set_outage(True)
+    p._sleep = lambda _s: None  # the cancel's own tries (teardown.cancel_jobs): no real waits
     with pytest.raises(SlurmError):
         p.terminate_nodes(["1000.0", "1000.1"])
     f.set_outage(False)
@@ -316,6 +317,7 @@ def test_ray_down_cancels_a_fully_released_group_the_head_could_not_cancel(
     p.non_terminated_nodes({})
     p.terminate_node("1000.0")
     f.set_outage(True)
+    p._sleep = lambda _s: None  # the cancel's own tries (teardown.cancel_jobs): no real waits
     with pytest.raises(SlurmError):
         p.terminate_node("1000.1")
     f.set_outage(False)
@@ -367,8 +369,12 @@ def test_a_group_whose_cancel_failed_is_listed_whole_on_a_steady_tick(
     p.non_terminated_nodes({})
     p.terminate_node("1000.0")
     assert p.non_terminated_nodes({}) == ["1000.1"]
-    f.fail_next("cancel", TransientSlurmError("scancel: error: Unable to contact slurm "
-                                              "controller (connect failure)"))
+    def down(jobs: Any) -> None:  # every try of the cancel (teardown.cancel_jobs) fails
+        raise TransientSlurmError("scancel: error: Unable to contact slurm controller "
+                                  "(connect failure)")
+
+    monkeypatch.setattr(f, "cancel", down)
+    p._sleep = lambda _s: None
     with pytest.raises(SlurmError):
         p.terminate_node("1000.1")
     assert sorted(p.non_terminated_nodes({})) == ["1000.0", "1000.1"]

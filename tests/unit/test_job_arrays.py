@@ -172,15 +172,15 @@ def test_back_end_without_arrays_submits_one_job_per_node(tmp_path: Path) -> Non
 
 
 def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
-    """A lost answer to the one sbatch: the whole array is cancelled when it shows up."""
-    from ray.autoscaler.node_launch_exception import NodeLaunchException
-
+    """A lost answer to the one sbatch, and the array not listed: it is submitted again, and
+    the first array is cancelled as a whole when it shows up."""
     from ray_slurm_provider.slurm.client import TransientSlurmError
 
     p, f = make(tmp_path)
+    p._sleep = lambda _s: None
     f.fail_next("submit_array", TransientSlurmError("sbatch: timed out"))
-    with pytest.raises(NodeLaunchException):
-        p.create_node({}, WORKER_TAGS, 2)
+    created = p.create_node({}, WORKER_TAGS, 2)
+    assert len(created) == 2
     # It was queued after all (the fake raised first, so queue one with that nonce by hand).
     nonce = next(iter(p.strays._failed))
     from ray_slurm_provider.jobs import encode_tags
@@ -188,8 +188,26 @@ def test_failed_array_submit_marks_every_task_a_stray(tmp_path: Path) -> None:
 
     ids = f.submit_array(JobSpec("ray-c1", ["true"]), 2,
                          comment=encode_tags({**WORKER_TAGS, SUBMIT_TAG: nonce}))
-    assert p.non_terminated_nodes({}) == []
+    assert sorted(p.non_terminated_nodes({})) == sorted(created)
     assert f.cancelled == [sorted(ids)]
+
+
+def test_a_timed_out_array_that_queued_is_adopted_whole(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    p, f = make(tmp_path)
+    real = f.submit_array
+    calls: list[str] = []
+
+    def queued_then_timed_out(spec: JobSpec, count: int, *, comment: str = "") -> list[str]:
+        calls.append(comment)
+        real(spec, count, comment=comment)
+        raise TransientSlurmError("sbatch: no answer within 30s", "", "sbatch")
+
+    f.submit_array = queued_then_timed_out  # type: ignore[method-assign]
+    created = p.create_node({}, WORKER_TAGS, 3)
+    assert len(calls) == 1 and sorted(created) == sorted(f.jobs) and len(created) == 3
+    assert sorted(p.non_terminated_nodes({})) == sorted(created) and f.cancelled == []
 
 
 # --- agent and runner agree on the node id -------------------------------------------------

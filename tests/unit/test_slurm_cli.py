@@ -93,6 +93,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRun:
     f.set("squeue", "squeue_jobs")
     f.set("sbatch", "sbatch_parsable")
     f.set("scancel", "scancel_live")
+    # A cluster in no federation: recorded on the 25.11 sandbox, nothing at all, exit 0.
+    f.set("scontrol show federation", ("", "", 0))
     monkeypatch.setattr(proc, "run", f)
     return f
 
@@ -187,7 +189,7 @@ def test_submit_garbage_output_is_an_error(fake: FakeRun) -> None:
 def test_list_jobs_one_squeue_then_cached_addresses(fake: FakeRun) -> None:
     client = CliSlurmClient()
     jobs = {j.reason or j.state: j for j in client.list_jobs("rsp-record")}
-    assert fake.commands() == ["squeue", "scontrol show node"]
+    assert fake.commands() == ["squeue", "scontrol show federation", "scontrol show node"]
     argv = fake.calls[0].argv
     # --array: every task of a job array on its own line, pending ones too.
     assert argv[:5] == ["squeue", "--me", "--array", "--noheader", "--name=rsp-record"]
@@ -202,13 +204,16 @@ def test_list_jobs_one_squeue_then_cached_addresses(fake: FakeRun) -> None:
     assert jobs["JobHeldUser"].node_addr == "" and jobs["JobHeldUser"].active
 
     client.list_jobs("rsp-record")
-    assert fake.commands() == ["squeue", "scontrol show node", "squeue"]
+    assert fake.commands() == ["squeue", "scontrol show federation", "scontrol show node",
+                               "squeue"]
+    # No federation: later listings skip squeue's REQUEST_FED_INFO (P7, issue 29).
+    assert fake.calls[-1].argv[:5] == ["squeue", "--me", "--array", "--noheader", "--local"]
 
 
 def test_list_jobs_without_hosts_needs_no_node_table(fake: FakeRun) -> None:
     fake.set("squeue", "squeue_empty")
     assert CliSlurmClient().list_jobs("nobody") == []
-    assert fake.commands() == ["squeue"]
+    assert fake.commands() == ["squeue", "scontrol show federation"]
 
 
 def test_list_jobs_fetches_node_table_once_across_threads(fake: FakeRun) -> None:
@@ -346,7 +351,7 @@ def test_node_addresses_refreshes_cache(fake: FakeRun) -> None:
     client = CliSlurmClient()
     assert client.node_addresses() == {"n1": "127.0.0.2", "n2": "127.0.0.3", "n3": "127.0.0.4"}
     client.list_jobs("rsp-record")  # the table is cached already
-    assert fake.commands() == ["scontrol show node", "squeue"]
+    assert fake.commands() == ["scontrol show node", "squeue", "scontrol show federation"]
 
 
 def test_missing_binary_is_permanent_with_hint(fake: FakeRun) -> None:
@@ -384,3 +389,19 @@ def test_node_address_asks_for_one_node(fake: FakeRun) -> None:
     """Issue 14.2: a starting node asks for its own record, not the whole node table."""
     assert CliSlurmClient().node_address("n2") == "127.0.0.3"
     assert fake.calls[-1].argv[1:5] == ["show", "node", "n2", "--oneliner"]
+
+
+@pytest.mark.parametrize("answer", [
+    ("Federation: fed1\nSelf:       c1:127.0.0.1:6817 ID:1 FedState:ACTIVE\n", "", 0),
+    ("", "slurm_load_federation error: Unable to contact slurm controller\n", 0),
+    TransientSlurmError("scontrol: no answer within 30s", "", "scontrol"),
+])
+def test_squeue_asks_the_federation_unless_the_cluster_is_in_none(
+        fake: FakeRun, answer: Answer) -> None:
+    """In a federation a job may run on a sibling (REVOKED here): never --local there, nor
+    while it is not known."""
+    fake.set("scontrol show federation", answer)
+    client = CliSlurmClient()
+    client.list_jobs("rsp-record")
+    client.list_jobs("rsp-record")
+    assert all("--local" not in c.argv for c in fake.calls)

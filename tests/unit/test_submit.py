@@ -18,7 +18,7 @@ from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND, TAG_RAY_USE
 from ray_slurm_provider.provider.guard import MAX_DELAY_S, HeldBack, LaunchGuard, last_log_line
 from ray_slurm_provider.provider.provider import SlurmNodeProvider
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays
-from ray_slurm_provider.slurm.client import TransientSlurmError, classify
+from ray_slurm_provider.slurm.client import SlurmError, TransientSlurmError, classify
 from ray_slurm_provider.slurm.script import JobSpec
 from ray_slurm_provider.state import RayUp
 from tests.fakes import BAD_PARTITION, FakeClock, FakeSlurm
@@ -122,21 +122,76 @@ def test_rejected_head_is_a_clean_cli_error(tmp_path: Path) -> None:
     assert errors(p)["head"]["kind"] == "rejected"
 
 
-def test_job_of_a_failed_submission_is_cancelled_not_adopted(tmp_path: Path) -> None:
-    p, f, _ = make(tmp_path)
+#: What the CLI back end raises when sbatch outlives its timeout: on a rate-limited
+#: controller (rl_enable) sbatch backs off by itself, so a throttled sbatch is a slow one.
+SBATCH_TIMEOUT = TransientSlurmError("sbatch: no answer within 30s", "", "sbatch")
+
+
+def slow_submit(f: FakeSlurm, queue: list[bool]) -> list[str]:
+    """Make `f.submit` time out: one entry of `queue` per call, True when the job was queued
+    anyway before the timeout; calls past the list submit normally. Returns the comments of
+    every call."""
     real = f.submit
+    comments: list[str] = []
 
-    def queued_but_lost(spec: JobSpec, *, comment: str = "") -> str:
-        real(spec, comment=comment)
-        raise TransientSlurmError("sbatch: no answer within 30s", "", "sbatch")
+    def submit(spec: JobSpec, *, comment: str = "") -> str:
+        comments.append(comment)
+        if len(comments) > len(queue):
+            return real(spec, comment=comment)
+        if queue[len(comments) - 1]:
+            real(spec, comment=comment)
+        raise SBATCH_TIMEOUT
 
-    f.submit = queued_but_lost  # type: ignore[method-assign]
+    f.submit = submit  # type: ignore[method-assign]
+    return comments
+
+
+def test_a_timed_out_sbatch_that_queued_is_found_by_its_tag_not_submitted_again(
+        tmp_path: Path) -> None:
+    p, f, clock = make(tmp_path)
+    p._sleep = clock.advance
+    comments = slow_submit(f, [True])
+    (job,) = p.create_node({}, WORKER_TAGS, 1)
+    assert len(comments) == 1 and list(f.jobs) == [job]  # no second sbatch: 0 duplicates
+    assert p.non_terminated_nodes({}) == [job] and f.cancelled == []
+    assert p.guard.error("cpu_worker") is None  # a success: the type is not held back
+
+
+def test_a_timed_out_sbatch_that_did_not_queue_is_tried_again_with_a_new_tag(
+        tmp_path: Path) -> None:
+    p, f, clock = make(tmp_path)
+    t0 = clock()
+    p._sleep = clock.advance
+    comments = slow_submit(f, [False])
+    (job,) = p.create_node({}, WORKER_TAGS, 1)
+    assert len(comments) == 2 and comments[0] != comments[1] and list(f.jobs) == [job]
+    assert 1.6 <= clock() - t0 <= 2.4  # backed off (jittered 2 s) before the second sbatch
+    # The first try's job shows up late after all: it is cancelled on sight, so one job lives.
+    late = f.submit(JobSpec("ray-c1", ["true"]), comment=comments[0])
+    assert p.non_terminated_nodes({}) == [job]
+    assert f.cancelled == [[late]] and f.jobs[late].job.state == "CANCELLED"
+
+
+def test_a_submission_slurm_never_answers_fails_after_its_tries(tmp_path: Path) -> None:
+    p, f, clock = make(tmp_path)
+    p._sleep = clock.advance
+    comments = slow_submit(f, [False, False, False])
     with pytest.raises(NodeLaunchException) as e:
         p.create_node({}, WORKER_TAGS, 1)
-    assert e.value.category == "SlurmUnavailable"
-    (stray,) = f.jobs
-    assert p.non_terminated_nodes({}) == []
-    assert f.jobs[stray].job.state == "CANCELLED" and f.cancelled == [[stray]]
+    assert e.value.category == "SlurmUnavailable" and len(comments) == 3 and not f.jobs
+    assert errors(p)["cpu_worker"]["kind"] == "unavailable"
+
+
+def test_a_listing_that_fails_while_looking_for_the_job_leaves_it_a_stray(
+        tmp_path: Path) -> None:
+    p, f, clock = make(tmp_path)
+    p._sleep = clock.advance
+    comments = slow_submit(f, [True])
+    f.fail_next("list_jobs", TransientSlurmError("squeue: no answer within 30s", "", "squeue"))
+    (job,) = p.create_node({}, WORKER_TAGS, 1)
+    (first,) = (j for j in f.jobs if j != job)
+    assert len(comments) == 2
+    assert p.non_terminated_nodes({}) == [job] and f.cancelled == [[first]]
 
 
 def test_submission_nonce_never_reaches_ray(tmp_path: Path) -> None:
@@ -260,3 +315,44 @@ def test_errors_json_counts_each_launch_refused_locally(tmp_path: Path) -> None:
         with pytest.raises(HeldBack):
             g.check("w")
     assert json.loads((tmp_path / "errors.json").read_text())["w"]["held_back"] == 3
+
+
+def test_slurms_rate_limit_words_are_transient() -> None:
+    # libslurm's text for SLURMCTLD_COMMUNICATIONS_BACKOFF (src/common/slurm_errno.c, 25.11):
+    # a throttled request is worth trying again, never a refused node type.
+    err = classify("Rate limit exceeded, please retry momentarily", "sbatch")
+    assert isinstance(err, TransientSlurmError), err
+
+
+def test_a_head_refused_for_a_missing_association_says_slurms_reason(tmp_path: Path) -> None:
+    """Issue 29: with enforced associations, a user with no association to the account gets
+    Slurm's own words from `ray up`, once: refused is not throttled, so no second try."""
+    said = (Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05" /
+            "sbatch_bad_account.stderr.txt").read_text()
+    p, f, clock = make(tmp_path)
+    p._sleep = clock.advance
+    f.fail_next("submit", classify(said, "sbatch"))
+    with pytest.raises(click.ClickException,
+                       match="Invalid account or account/partition combination specified"):
+        p.create_node({"account": "team-z"}, HEAD_TAGS, 1)
+    assert f.calls["submit"] == 1 and not f.jobs
+    assert errors(p)["head"]["kind"] == "rejected"
+
+
+def test_ray_ups_first_question_to_slurm_is_asked_again_when_not_answered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: the partitions `ray up` checks the config against, from a controller that
+    did not answer in time once, are asked for again (backing off) instead of failing."""
+    from ray_slurm_provider.provider import bootstrap
+
+    f = FakeSlurm(FakeClock())
+    f.fail_next("cluster_info", TransientSlurmError("sinfo: no answer within 30s", "", "sinfo"))
+    monkeypatch.setattr("ray_slurm_provider.slurm.factory.make_client", lambda *a, **k: f)
+    naps: list[float] = []
+    info = bootstrap._cluster_info({}, sleep=naps.append)
+    assert info.partitions and f.calls["cluster_info"] == 2 and len(naps) == 1
+    f.fail_next("cluster_info", classify("sinfo: error: Invalid partition name specified",
+                                         "sinfo"))
+    with pytest.raises(SlurmError):  # a refusal is not asked again
+        bootstrap._cluster_info({}, sleep=naps.append)
+    assert f.calls["cluster_info"] == 3

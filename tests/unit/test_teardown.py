@@ -282,3 +282,19 @@ def test_the_heads_own_autoscaler_never_cancels_the_head(
     p._sleep = lambda s: f.set_state(head, "CANCELLED")  # type: ignore[assignment]
     p.terminate_nodes([head])
     assert f.cancelled[-1] == [head]
+
+
+def test_a_scancel_slurm_did_not_answer_is_tried_again(tmp_path: Path) -> None:
+    """Issue 29: on a rate-limited controller scancel (one RPC per job) can outlive its
+    timeout; cancelling again is safe, so one lost answer is no failed terminate."""
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    p, f = make(tmp_path)
+    naps: list[float] = []
+    p._sleep = naps.append  # type: ignore[assignment]
+    (job,) = p.create_node({}, WORKER_TAGS, 1)
+    p.non_terminated_nodes({})
+    f.fail_next("cancel", TransientSlurmError("scancel: no answer within 30s", "", "scancel"))
+    p.terminate_nodes([job])
+    assert f.cancelled == [[job]] and len(naps) == 1 and 1.6 <= naps[0] <= 2.4
+    assert p.non_terminated_nodes({}) == []
