@@ -77,9 +77,10 @@ for p in $PHASES; do
        unit_log="$(mktemp)"
        "${PYTEST[@]}" -m 'not gpu' tests/unit "$@" >"$unit_log" 2>&1 &
        unit_pid=$!
-       # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
+       # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py);
+       # --login: their login node over SSH, for `ray up` from a "laptop" (test_laptop_tunnels.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
-       phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --port-offset $OFFSET" \
+       phase "$name" "$MAIN_DIR" "--docker --pyxis --users 2 --login --port-offset $OFFSET" \
          -m 'not gpu and not accounting and not apptainer' --ignore=tests/unit tests/ "$@" \
          || FAILED+=("$name")
        echo "== pytest (unit tests, run while phase 1's sandbox came up)"
