@@ -94,11 +94,7 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         logger.info("%s", speed[1])
     provider = config["provider"]
     provider["disable_node_updaters"] = True
-    if remote:  # the laptop's Ray loads the provider that runs each call on the login node
-        from ray_slurm_provider.provider.laptop import MODULE
-
-        provider["module"] = MODULE
-    elif "python" not in provider:
+    if "python" not in provider and not remote:  # over SSH it is required (preflight)
         provider["python"] = sys.executable
         provider[AUTO_PYTHON_KEY] = True
     from ray_slurm_provider.slurm.rest.client import pin_env_defaults

@@ -94,6 +94,11 @@ def reply_line(request: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    # A `ray up` on the login node runs with provider.python's environment active; so does
+    # this one: its jobs' `python` and `ray` (a Ray job's entrypoint, `ray exec 'ray status'`)
+    # are that environment's, not the SSH session's bare PATH.
+    here = os.path.dirname(sys.executable)
+    os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     request = json.loads(sys.stdin.read())
     line = reply_line(request)
     sys.stdout.flush()

@@ -22,6 +22,7 @@ import psutil
 import pytest
 import yaml
 
+from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.sandbox import Sandbox, login
 from ray_slurm_provider.slurm.ssh import SLURM_COMMANDS
 from tests.e2e.harness import ROOT, wait_for
@@ -176,12 +177,13 @@ def test_ray_exec_from_the_laptop_runs_in_the_head_job(laptop: Laptop) -> None:
 
 
 def processes_of(uid: int, job_ids: list[str]) -> list[str]:
-    """Command lines of the user's processes that name one of these jobs (their Ray's temp
-    dirs do)."""
+    """Command lines of processes that belong to these jobs' Ray (their temp dirs, below the
+    user's /tmp/rsp-<uid>/, are named after the job id)."""
+    dirs = [temp_dir("/tmp", j, uid) + "/" for j in job_ids]
     found = []
-    for p in psutil.process_iter(["uids", "cmdline"]):
+    for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["uids"] and p.info["uids"].real == uid and any(j in cmd for j in job_ids):
+        if any(d in cmd for d in dirs):
             found.append(cmd)
     return found
 

@@ -207,3 +207,14 @@ def test_sandbox_login_yaml_names_the_sandboxs_login_node() -> None:
                                "user": user, "identity_file": login.user_key(layout, user),
                                "known_hosts": login.known_hosts(layout)}
     assert provider["python"] == str(Path(layout.shared_dir) / "venv" / "bin" / "python")
+
+
+def test_a_config_with_ssh_gets_the_laptops_provider() -> None:
+    """Ray loads the YAML's class, also where it never bootstraps the config (`ray
+    get-head-ip`): with `ssh` that class hands over to the laptop's provider."""
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
+
+    cfg = {"type": "external", "module": wire.MODULE, "python": "/p", "ssh": SSH}
+    assert isinstance(SlurmNodeProvider(cfg, "c1"), laptop.LaptopNodeProvider)
+    plain = SlurmNodeProvider(wire.login_config(cfg), "c1")  # the login node's and the head's
+    assert type(plain) is SlurmNodeProvider
