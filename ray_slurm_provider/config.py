@@ -142,11 +142,13 @@ class ProviderConfig:
         "slurmrestd settings for `slurm_api: rest`.", default_factory=RestConfig
     )
     ssh: SshConfig | None = doc(
-        "Run `ray up` from a laptop: every Slurm command of the login side goes to this login "
-        "node over one multiplexed SSH connection. The head's autoscaler and the node agents "
-        "ignore it. Not yet complete: `ray-slurm doctor` and `validate` work over it, `ray-slurm "
-        "env` opens tunnels to a head started on the login node; `ray up` with it stops "
-        "with a 'not yet' error (see the user guide).", None)
+        "Run `ray up` from a laptop: every Slurm command, and every read, write and lock of the "
+        "cluster directory, happens on this login node over one multiplexed SSH connection "
+        "(the provider's calls run there with `provider.python`, which must be the login "
+        "node's). `ray up`, `ray exec`, `ray get-head-ip`, `ray down`, `ray-slurm doctor`, "
+        "`validate` and `env` (tunnels) work over it; other `ray-slurm` commands, `ray attach`, "
+        "`ray rsync-down` and port forwarding of `ray exec` do not yet. The head's autoscaler "
+        "and the node agents ignore it.", None)
     state_dir: Str = doc(
         "Directory on a filesystem shared by the login node and the compute nodes (your home, "
         "usually) where each cluster keeps its tags, handoff files, token and logs: "

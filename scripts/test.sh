@@ -135,10 +135,11 @@ for p in $PHASES; do
        # (`|| rc=$?`: under `set -e` a failed build would end the group before it says so.)
        { rc=0; floor_venv >"$floor_log" 2>&1 || rc=$?; echo "$rc" >"$floor_built"; } &
        floor_pid=$!
-       # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py).
+       # --users 2: two throwaway Unix users for the shared-cluster tests (test_two_users.py);
+       # --login: their login node over SSH, for `ray up` from a "laptop" (test_laptop_tunnels.py).
        name="Slurm 22.05, docker, podman, pyxis, 2 users"
        AFTER_PYTEST=floor_e2e phase "$name" "$MAIN_DIR" \
-         "--docker --pyxis --users 2 --port-offset $OFFSET" \
+         "--docker --pyxis --users 2 --login --port-offset $OFFSET" \
          -m 'not gpu and not accounting and not apptainer and not strict and not cgroups' \
          --ignore=tests/unit tests/ "$@" \
          || FAILED+=("$name")

@@ -66,19 +66,24 @@ def _cluster_info(config: dict[str, Any] | None = None,
                  retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
 
 
-#: provider.ssh is half-built: the login node's Slurm commands and checks go over SSH
-#: (`ray-slurm doctor`), the cluster directory's hand-offs do not yet.
-SSH_NOT_YET = ("provider.ssh: `ray up` from a laptop is not yet supported (the cluster "
-               "directory's hand-offs over SSH are missing); run `ray up` on the login node "
-               "without provider.ssh. `ray-slurm doctor CONFIG` checks the SSH path.")
-
-
-def refuse_ssh(config: dict[str, Any]) -> None:
-    """Stop `ray up` before anything runs when the config asks for provider.ssh (one
-    line: click prints it without a traceback)."""
+def laptop_preflight(config: dict[str, Any]) -> bool:
+    """With provider.ssh (`ray up` on a laptop): before anything is submitted, the login node
+    must answer, have Slurm's commands and `provider.python` with this package; else one
+    line (click prints it without a traceback). Whether the config has provider.ssh."""
     provider = config.get("provider")
-    if isinstance(provider, dict) and provider.get("ssh") is not None:
-        raise click.ClickException(SSH_NOT_YET)
+    if not (isinstance(provider, dict) and provider.get("ssh") is not None):
+        return False
+    from ray_slurm_provider.provider import laptop
+    from ray_slurm_provider.slurm.ssh import SshLink
+
+    try:
+        pcfg = parse_provider(provider)
+        python = laptop.login_python(pcfg)
+    except ConfigError as e:
+        raise click.ClickException(f"Invalid cluster config: {e}") from e
+    assert pcfg.ssh is not None
+    laptop.preflight(SshLink(pcfg.ssh), python)
+    return True
 
 
 def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
@@ -95,7 +100,7 @@ def validate(config: dict[str, Any], live: bool = True) -> ClusterConfig:
 
 
 def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
-    refuse_ssh(config)
+    remote = laptop_preflight(config)
     try:
         defaults.apply(config)  # a no-op when fillout_resources merged them already
         cluster = validate(config)
@@ -107,7 +112,7 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
         logger.info("%s", speed[1])
     provider = config["provider"]
     provider["disable_node_updaters"] = True
-    if "python" not in provider:
+    if "python" not in provider and not remote:  # over SSH it is required (preflight)
         provider["python"] = sys.executable
         provider[AUTO_PYTHON_KEY] = True
     from ray_slurm_provider.slurm.rest.client import pin_env_defaults
@@ -121,10 +126,8 @@ def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def fillout_resources(config: dict[str, Any]) -> dict[str, Any]:
     """Merge the defaults files (the partition may come from one), then fill omitted
-    `resources` from the partition: CPUs, GPUs from GRES, memory. With provider.ssh it does
-    nothing: `bootstrap_config`, next, stops `ray up` (Ray logs a traceback for this step)."""
-    if isinstance(config.get("provider"), dict) and config["provider"].get("ssh") is not None:
-        return config
+    `resources` from the partition: CPUs, GPUs from GRES, memory (with provider.ssh, the
+    login node's Slurm answers)."""
     defaults.apply(config)
     types = config.get("available_node_types") or {}
     missing = [t for t, nt in types.items() if "resources" not in nt]

@@ -39,7 +39,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
@@ -86,6 +86,18 @@ logger = logging.getLogger(__name__)
 class SlurmNodeProvider(NodeProvider):
     #: Longer than Slurm takes to end a cancelled job (KillWait, 30 s by default, plus epilog).
     GONE_TTL_S = 120.0
+
+    def __new__(cls, provider_config: dict[str, Any], cluster_name: str) -> SlurmNodeProvider:
+        # With provider.ssh this process is a laptop: every call must run on the login node
+        # (laptop.py). Ray loads the class the YAML names, also in commands that never
+        # bootstrap the config (`ray get-head-ip`), so the choice is made here. The login node
+        # (serve.py) and the head get the config without `ssh`.
+        if cls is SlurmNodeProvider and isinstance(provider_config, dict) \
+                and provider_config.get("ssh") is not None:
+            from ray_slurm_provider.provider.laptop import LaptopNodeProvider
+
+            return cast(SlurmNodeProvider, LaptopNodeProvider(provider_config, cluster_name))
+        return super().__new__(cls)
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)

@@ -168,6 +168,10 @@ class SshLink:
         self._control = control
 
     @property
+    def host(self) -> str:
+        return self.cfg.host
+
+    @property
     def control(self) -> str:
         if self._control is None:
             self._control = control_dir()

@@ -1,9 +1,9 @@
-"""From a laptop, through the tunnels of `ray-slurm env` (provider.ssh): a cluster started on
-the login node by its user; the "laptop" is root in a private mount namespace where that
-user's home (and so the cluster directory) is hidden, every Slurm command on PATH is a stub
-that fails loudly, and SLURM_CONF is unset. A job goes through the tunnel with `ray job
-submit` and the token copy; the stubs are never called. (`ray up` itself from the laptop is
-not built yet: it is refused, tests/unit/test_slurm_ssh.py.)"""
+"""From a laptop (provider.ssh): `ray up`, `ray exec`, a job through the tunnels of `ray-slurm
+env`, `ray down`. The "laptop" is root in a private mount namespace where the login user's
+home (and so the cluster directory) is hidden, every Slurm command on PATH is a stub that
+fails loudly, and SLURM_CONF is unset; the login node is the sandbox's sshd (`up --login`).
+The head is the login user's job; the stubs are never called; `ray down` leaves no job and
+no process. One cluster for the module: the tests run in order."""
 
 from __future__ import annotations
 
@@ -18,34 +18,22 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
+from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.sandbox import Sandbox, login
 from ray_slurm_provider.slurm.ssh import SLURM_COMMANDS
-from tests.e2e.harness import ROOT
+from tests.e2e.harness import ROOT, wait_for
 from tests.e2e.users import UserCluster, load_config, user_venv
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
+CONFIG = ROOT / "cluster-configs" / "sandbox-login.yaml"
 STUBBED = (*SLURM_COMMANDS, "sacct", "sacctmgr", "salloc", "sstat", "munge")
 #: Mount a tmpfs over the hidden home, then run the command ($0: the home).
 HIDE = 'mount -t tmpfs -o size=1m rsp-hidden "$0" && exec "$@"'
-
-
-@pytest.fixture(scope="module")
-def cluster(login_sandbox: Sandbox) -> Iterator[UserCluster]:
-    user = login_sandbox.users()[0]
-    venv = user_venv(login_sandbox)
-    config = load_config(CONFIG, idle_timeout_minutes=10)
-    c = UserCluster(user, venv, f"laptop-{uuid.uuid4().hex[:6]}", config, login_sandbox.env())
-    try:
-        c.up()
-        yield c
-    finally:
-        c.down()
-        c.cleanup()
 
 
 class Laptop:
@@ -74,6 +62,7 @@ class Laptop:
         provider["ssh"] = {"host": login.LOGIN_HOST, "port": login.ssh_port(sb.spec.port_offset),
                            "user": user, "identity_file": login.user_key(sb.layout, user),
                            "known_hosts": login.known_hosts(sb.layout)}
+        self.cluster = c
         self.config = self.dir / "cluster.yaml"
         self.config.write_text(yaml.safe_dump(config))
 
@@ -85,10 +74,40 @@ class Laptop:
                             check=False)
         return cp.returncode, cp.stdout, cp.stderr
 
+    def ray(self, *args: str, timeout: float = 300) -> tuple[int, str, str]:
+        return self.run(str(Path(sys.executable).parent / "ray"), *args, timeout=timeout)
+
     def ray_slurm(self, *args: str) -> str:
         rc, out, err = self.run(sys.executable, "-m", "ray_slurm_provider.cli.main", *args)
         assert rc == 0, f"ray-slurm {' '.join(args)}: {err}"
         return out
+
+
+@pytest.fixture(scope="module")
+def laptop(login_sandbox: Sandbox) -> Iterator[Laptop]:
+    """`ray up` from the laptop; `ray down` from it is the last test (and, should a test fail
+    before it, here, then as the login user on the login node)."""
+    user = login_sandbox.users()[0]
+    venv = user_venv(login_sandbox)  # the login node's provider.python: this checkout
+    config = load_config(CONFIG, idle_timeout_minutes=10)
+    # The login node's copy (for the clean-up as its user) has no ssh; the laptop's has the
+    # sandbox's (Laptop: this test's state dir and port offset).
+    assert set(config["provider"].pop("ssh")) == {"host", "port", "user", "identity_file",
+                                                  "known_hosts"}
+    config["provider"].pop("python")
+    c = UserCluster(user, venv, f"laptop-{uuid.uuid4().hex[:6]}", config, login_sandbox.env())
+    lp = Laptop(login_sandbox, c)
+    try:
+        rc, out, err = lp.ray("up", "-y", "--no-config-cache", str(lp.config), timeout=600)
+        assert rc == 0, (out + err)[-4000:]
+        yield lp
+    finally:
+        lp.ray("down", "-y", str(lp.config), timeout=300)
+        lp.run(sys.executable, "-m", "ray_slurm_provider.cli.main", "env", "--close",
+               str(lp.config))
+        c.down()
+        c.cleanup()
+        shutil.rmtree(lp.dir, ignore_errors=True)
 
 
 def exports(text: str) -> dict[str, str]:
@@ -100,9 +119,16 @@ def exports(text: str) -> dict[str, str]:
     return out
 
 
-def test_a_job_goes_through_the_tunnel_from_a_laptop(login_sandbox: Sandbox,
-                                                     cluster: UserCluster) -> None:
-    laptop = Laptop(login_sandbox, cluster)
+def test_ray_up_from_the_laptop_starts_the_login_users_head(laptop: Laptop) -> None:
+    jobs = laptop.cluster.jobs()  # squeue --user=<login user>
+    assert len(jobs) == 1 and jobs[0][1] == "RUNNING", jobs
+    head = laptop.cluster.head()  # head.json, in the login user's cluster directory
+    assert head["job_id"] == jobs[0][0]
+    assert not laptop.marker.exists(), laptop.marker.read_text()
+
+
+def test_a_job_goes_through_the_tunnel_from_a_laptop(laptop: Laptop) -> None:
+    cluster = laptop.cluster
     try:
         rc, out, _ = laptop.run("ls", "-A", laptop.hidden)  # the home is hidden there
         assert rc == 0
@@ -138,4 +164,36 @@ def test_a_job_goes_through_the_tunnel_from_a_laptop(login_sandbox: Sandbox,
     finally:
         laptop.run(sys.executable, "-m", "ray_slurm_provider.cli.main", "env", "--close",
                    str(laptop.config))
-        shutil.rmtree(laptop.dir, ignore_errors=True)
+
+
+def test_ray_exec_from_the_laptop_runs_in_the_head_job(laptop: Laptop) -> None:
+    rc, out, err = laptop.ray("exec", str(laptop.config), "echo JOB=$SLURM_JOB_ID; whoami")
+    assert rc == 0, (out + err)[-3000:]
+    assert f"JOB={laptop.cluster.head()['job_id']}" in out + err
+    assert laptop.cluster.user.name in out + err
+    rc, out, err = laptop.ray("get-head-ip", str(laptop.config))
+    assert rc == 0 and laptop.cluster.head()["ip"] in out, (out + err)[-3000:]
+    assert not laptop.marker.exists(), laptop.marker.read_text()
+
+
+def processes_of(uid: int, job_ids: list[str]) -> list[str]:
+    """Command lines of processes that belong to these jobs' Ray (their temp dirs, below the
+    user's /tmp/rsp-<uid>/, are named after the job id)."""
+    dirs = [temp_dir("/tmp", j, uid) + "/" for j in job_ids]
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if any(d in cmd for d in dirs):
+            found.append(cmd)
+    return found
+
+
+def test_ray_down_from_the_laptop_leaves_nothing(laptop: Laptop) -> None:
+    ids = [j for j, _ in laptop.cluster.jobs()]
+    assert ids
+    rc, out, err = laptop.ray("down", "-y", str(laptop.config))
+    assert rc == 0, (out + err)[-3000:]
+    assert laptop.cluster.jobs() == []
+    uid = laptop.cluster.user.uid
+    wait_for(lambda: processes_of(uid, ids) == [], 60, "the cluster's processes to exit")
+    assert not laptop.marker.exists(), laptop.marker.read_text()

@@ -1,7 +1,8 @@
 """`provider.ssh`'s one connection (slurm/ssh.py): the ssh argv and its security options, the
 quoting of the remote command (property tests: every word reaches the remote program whole,
 run here through the same kind of shell a login node runs it with), one-line errors, the
-control dir, and `ray up` refusing provider.ssh for now."""
+control dir, and the `ray-slurm` commands that refuse provider.ssh for now (`ray up` over
+it: test_laptop.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import click
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ray_slurm_provider import config, proc
 from ray_slurm_provider.config import SshConfig
-from ray_slurm_provider.provider import bootstrap
 from ray_slurm_provider.slurm import ssh as sshlink
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import TransientSlurmError
@@ -171,13 +170,6 @@ def test_provider_ssh_is_in_the_model() -> None:
         config.parse_provider({"ssh": {"user": "me"}})
     with pytest.raises(config.ConfigError, match=r"provider\.ssh"):
         config.parse_provider({"ssh": {"host": "h", "agent": True}})
-
-
-def test_ray_up_refuses_provider_ssh_before_anything_runs() -> None:
-    cfg = {"cluster_name": "c", "provider": {"type": "external", "ssh": {"host": "h"}}}
-    with pytest.raises(click.ClickException, match="not yet supported"):
-        bootstrap.bootstrap_config(cfg)
-    assert bootstrap.fillout_resources(cfg) == cfg  # runs nothing; Ray's next step stops
 
 
 def test_commands_that_need_the_cluster_directory_say_not_yet(tmp_path: Path) -> None:

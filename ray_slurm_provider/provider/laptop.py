@@ -1,0 +1,282 @@
+"""`ray up` ... `ray down` from a laptop (`provider.ssh`): Ray's provider and command runner
+whose every call runs on the login node (serve.py) through the one SSH connection.
+
+`bootstrap_config` (on the laptop) names this provider in the resolved config, and
+`prepare_for_head_node` gives the head the login node's config back (wire.login_config),
+so the head's autoscaler never sees `ssh`. The laptop keeps only the last listing's answers
+(serve.snapshot), so Ray's per-node questions cost no round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import sys
+import tarfile
+from typing import Any, Protocol
+
+import click
+from ray.autoscaler.command_runner import CommandRunnerInterface
+from ray.autoscaler.node_provider import NodeProvider
+
+from ray_slurm_provider import proc
+from ray_slurm_provider.config import ConfigError, ProviderConfig
+from ray_slurm_provider.provider import validation, wire
+from ray_slurm_provider.provider.handoff import runner_error
+from ray_slurm_provider.provider.teardown import shorten_ray_down_poll
+from ray_slurm_provider.slurm.ssh import SshError, SshLink
+
+MODULE = "ray_slurm_provider.provider.laptop.LaptopNodeProvider"
+#: A provider call (a listing, a cancel and its wait) is done well within this.
+CALL_TIMEOUT_S = 600.0
+
+
+class LoginError(RuntimeError):
+    """The login node's side failed in a way that has no Ray type (one line)."""
+
+
+class Transport(Protocol):
+    """How a request reaches serve.handle on the login node (SSH; in-process in tests)."""
+
+    def call(self, request: dict[str, Any], timeout: float) -> Any: ...
+
+
+def raise_reply(error: dict[str, Any]) -> None:
+    """Re-raise serve.error_reply's error as the laptop's Ray expects it."""
+    kind = error.get("kind")
+    message = str(error.get("message", ""))
+    if kind == "click":
+        raise click.ClickException(message)
+    if kind == "runner":
+        raise runner_error(message, error.get("code"), str(error.get("cmd", "")))
+    raise LoginError(f"{kind} on the login node: {message}")
+
+
+def parse_reply(stdout: str) -> tuple[str, Any]:
+    """(what the call printed, its reply) from serve.main's stdout."""
+    printed, sep, line = stdout.rpartition("\n" + wire.MARKER)
+    if not sep:
+        if stdout.startswith(wire.MARKER):
+            printed, line = "", stdout[len(wire.MARKER):]
+        else:
+            raise LoginError("the login node's provider.python gave no reply: "
+                             + (stdout.strip().splitlines() or ["no output"])[-1])
+    reply = json.loads(line)
+    if "error" in reply:
+        sys.stdout.write(printed)
+        raise_reply(reply["error"])
+    return printed, reply.get("ok")
+
+
+class SshTransport:
+    """`<python> -m ray_slurm_provider.provider.serve` on the login node, per request."""
+
+    def __init__(self, link: SshLink, python: str) -> None:
+        self.link = link
+        self.python = python
+
+    def call(self, request: dict[str, Any], timeout: float) -> Any:
+        res = self.link.run([self.python, "-m", "ray_slurm_provider.provider.serve"],
+                            input=json.dumps(request), timeout=timeout, check=False)
+        if res.returncode != 0 and wire.MARKER not in res.stdout:
+            said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
+            raise LoginError(f"{self.python} -m ray_slurm_provider.provider.serve failed on "
+                             f"{self.link.cfg.host}: {said}")
+        printed, value = parse_reply(res.stdout)
+        sys.stdout.write(printed)  # the call's own output, after it ended
+        sys.stderr.write(res.stderr)
+        return value
+
+
+def login_python(pcfg: ProviderConfig) -> str:
+    if not pcfg.python:
+        raise ConfigError("provider.python: with provider.ssh, name the login node's Python "
+                          "that has ray and ray_slurm_provider installed")
+    return pcfg.python
+
+
+class LoginLink(Protocol):
+    """What preflight asks of the connection (SshLink is one)."""
+
+    @property
+    def host(self) -> str: ...
+    def missing_commands(self) -> list[str]: ...
+    def package_version(self, python: str) -> str | None: ...
+
+
+def preflight(link: LoginLink, python: str) -> dict[str, Any]:
+    """Before anything is submitted: the login node answers, has Slurm's commands, and
+    `python` has this package. Raises click.ClickException with one line; returns the far
+    side's versions."""
+    try:
+        missing = link.missing_commands()
+        if missing:
+            raise click.ClickException(f"provider.ssh: the login node {link.host} lacks "
+                                       f"Slurm's {', '.join(missing)} on its PATH")
+        version = link.package_version(python)
+    except SshError as e:
+        raise click.ClickException(f"provider.ssh: {e}") from e
+    except proc.CommandError as e:
+        raise click.ClickException(f"provider.ssh: {e}") from e
+    if version is None:
+        raise click.ClickException(f"provider.ssh: {python} on {link.host} cannot import "
+                                   "ray_slurm_provider (provider.python must be the login "
+                                   "node's Python with this package)")
+    return {"package": version}
+
+
+def head_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+    """The config the head gets: the login node's (no `ssh`, the provider's own module)."""
+    out = dict(cluster_config)
+    out["provider"] = wire.login_config(cluster_config["provider"])
+    return out
+
+
+class LaptopNodeProvider(NodeProvider):
+    """SlurmNodeProvider's calls, run on the login node."""
+
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str,
+                 transport: Transport | None = None) -> None:
+        super().__init__(provider_config, cluster_name)
+        self.pcfg = validation.check_section(provider_config, cluster_name).provider
+        if transport is None:
+            assert self.pcfg.ssh is not None
+            transport = SshTransport(SshLink(self.pcfg.ssh), login_python(self.pcfg))
+        self.transport = transport
+        self._nodes: dict[str, dict[str, Any]] = {}
+
+    def call(self, op: str, *args: Any, timeout: float = CALL_TIMEOUT_S,
+             **fields: Any) -> Any:
+        request = {"op": op, "args": list(args), "cluster_name": self.cluster_name,
+                   "provider": self.provider_config, **fields}
+        return self.transport.call(request, timeout)
+
+    def _changed(self) -> None:
+        self._nodes = {}
+
+    def _known(self, node_id: str) -> dict[str, Any] | None:
+        return self._nodes.get(str(node_id))
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        reply = self.call("non_terminated_nodes", tag_filters)
+        self._nodes.update(reply["nodes"])
+        return list(reply["ids"])
+
+    def nodes_for_teardown(self, tag_filters: dict[str, str]) -> list[str]:
+        shorten_ray_down_poll()  # this process runs Ray's teardown loop
+        return self.non_terminated_nodes(tag_filters)
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        known = self._known(node_id)
+        return dict(known["tags"]) if known else dict(self.call("node_tags", node_id))
+
+    def is_running(self, node_id: str) -> bool:
+        known = self._known(node_id)
+        return bool(known["running"]) if known else bool(self.call("is_running", node_id))
+
+    def is_terminated(self, node_id: str) -> bool:
+        if self._known(node_id):
+            return False  # listed: not terminated
+        return bool(self.call("is_terminated", node_id))
+
+    def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        known = self._known(node_id)
+        ip = known["internal_ip"] if known else self.call("internal_ip", node_id)
+        return str(ip) if ip is not None else None
+
+    def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        known = self._known(node_id)
+        ip = known["external_ip"] if known else self.call("external_ip", node_id)
+        return str(ip) if ip is not None else None
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        self.call("set_node_tags", node_id, tags)
+        known = self._known(node_id)
+        if known:
+            known["tags"] = {**known["tags"], **tags}
+
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str],
+                    count: int) -> dict[str, Any] | None:
+        self._changed()
+        out: dict[str, Any] | None = self.call("create_node", node_config, tags, count)
+        return out
+
+    def terminate_node(self, node_id: str) -> dict[str, Any] | None:
+        return self.terminate_nodes([node_id])
+
+    def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
+        self._changed()
+        out: dict[str, Any] | None = self.call("terminate_nodes", [str(i) for i in node_ids])
+        return out
+
+    def cleanup_cluster_resources(self) -> Any:
+        return self.call("cleanup_cluster_resources")
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self.call("prepare_for_head_node", head_config(cluster_config))
+        return out
+
+    def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
+                           cluster_name: str, process_runner: Any, use_internal_ip: bool,
+                           docker_config: dict[str, Any] | None = None) -> Any:
+        return LaptopRunner(self, str(node_id), log_prefix)
+
+
+def pack(source: str) -> tuple[str, str]:
+    """`source` (a file, or a directory whose contents `dir/` means) as a base64 gzipped
+    tar, and the name serve.py gives to run_rsync_up (with the trailing `/`)."""
+    path = os.path.expanduser(source)
+    name = os.path.basename(path.rstrip("/")) or "files"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(path, arcname=name)
+    return base64.b64encode(buf.getvalue()).decode(), name + ("/" if source.endswith("/") else "")
+
+
+class LaptopRunner(CommandRunnerInterface):
+    """SrunCommandRunner's calls, run on the login node."""
+
+    def __init__(self, provider: LaptopNodeProvider, node_id: str, log_prefix: str) -> None:
+        self.provider = provider
+        self.node_id = node_id
+        self.log_prefix = log_prefix
+
+    def _timeout(self) -> float:
+        # A command may wait for a queued head and its `ray start` (bootstrap's limits).
+        return CALL_TIMEOUT_S + self.provider.pcfg.head_wait_s \
+            + self.provider.pcfg.head_start_timeout_s
+
+    def run(self, cmd: str | None = None, timeout: int = 120, exit_on_fail: bool = False,
+            port_forward: Any = None, with_output: bool = False,
+            environment_variables: dict[str, object] | None = None, run_env: str = "auto",
+            ssh_options_override_ssh_key: str = "", shutdown_after_run: bool = False) -> Any:
+        if port_forward:
+            raise click.ClickException("provider.ssh: port forwarding of `ray exec`/`ray "
+                                       "dashboard` from a laptop is not supported yet; "
+                                       "`ray-slurm env CONFIG` opens the tunnels")
+        kwargs = {"cmd": cmd, "timeout": timeout, "exit_on_fail": exit_on_fail,
+                  "with_output": with_output, "environment_variables": environment_variables,
+                  "run_env": run_env, "shutdown_after_run": shutdown_after_run}
+        out = self.provider.call("run", timeout=self._timeout(), node_id=self.node_id,
+                                 log_prefix=self.log_prefix, kwargs=kwargs)
+        self.provider._changed()  # a `shutdown` cancels the job
+        return out.encode() if with_output else out
+
+    def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
+        files, name = pack(source)
+        self.provider.call("rsync_up", files, name, target, node_id=self.node_id,
+                           log_prefix=self.log_prefix)
+
+    def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
+        raise click.ClickException("provider.ssh: `ray rsync-down` from a laptop is not "
+                                   "supported yet")
+
+    def remote_shell_command_str(self) -> str:
+        raise click.ClickException("provider.ssh: `ray attach` from a laptop is not "
+                                   "supported yet")
+
+    def run_init(self, *, as_head: bool, file_mounts: dict[str, str],
+                 sync_run_yet: bool) -> bool | None:
+        return None  # as SrunCommandRunner's: nothing to set up before commands

@@ -1,0 +1,53 @@
+"""What crosses the SSH connection of `provider.ssh` between a laptop (laptop.py) and the
+login node (serve.py): the request's config, the reply line, errors, files. Imports neither
+side, so both import it."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import tarfile
+from typing import Any
+
+#: The reply's line starts with this (an ASCII record separator, which no command prints).
+MARKER = "\x1erayslurm-reply "
+MODULE = "ray_slurm_provider.provider.SlurmNodeProvider"
+
+
+def login_config(provider_config: dict[str, Any]) -> dict[str, Any]:
+    """The provider section as the login node (and the head) runs it: no `ssh`, the
+    provider's own module."""
+    out = copy.deepcopy(provider_config)
+    out.pop("ssh", None)
+    out["module"] = MODULE
+    return out
+
+
+def unpack(data: str, into: str) -> None:
+    """A laptop's files (a gzipped tar, base64) into `into`: plain files and directories
+    only; a member that would land outside `into` is refused. (Debian 12's Python 3.11.2
+    has no tarfile filters.)"""
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data)), mode="r:gz") as tar:
+        members = tar.getmembers()
+        for m in members:
+            parts = m.name.split("/")
+            if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+                raise ValueError(f"refused archive member {m.name!r}")
+        for m in members:
+            m.mode &= 0o755  # no set-id bits from a laptop
+            tar.extract(m, into, set_attrs=m.isfile())
+
+
+def error_reply(e: BaseException) -> dict[str, Any]:
+    """An exception as the laptop re-raises it (laptop.raise_reply)."""
+    import click
+
+    if isinstance(e, click.ClickException):
+        return {"kind": "click", "message": e.format_message()}
+    if type(e).__name__ == "ProcessRunnerError":  # Ray's, from rayapi.runner_error
+        code = getattr(e, "code", None)
+        return {"kind": "runner", "message": str(e),
+                "code": code if isinstance(code, int) else None,
+                "cmd": str(getattr(e, "command", "") or "")}
+    return {"kind": type(e).__name__, "message": str(e)}

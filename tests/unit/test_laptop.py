@@ -1,0 +1,220 @@
+"""`ray up` from a laptop (provider.ssh): the laptop's provider and runner send each call to
+serve.py, which runs the login node's own SlurmNodeProvider. Here the "SSH" is in-process:
+the request goes through JSON and serve's reply line, against FakeSlurm, so the laptop and
+the login node run the same code the sandbox e2e test (test_laptop_tunnels.py) runs."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS
+
+from ray_slurm_provider.provider import bootstrap, laptop, serve, wire
+from ray_slurm_provider.provider import provider as provider_module
+from ray_slurm_provider.slurm.ssh import SshError
+from ray_slurm_provider.state import ClusterDir
+from tests.fakes import FakeSlurm
+from tests.unit.test_provider import HEAD_TAGS
+
+SSH = {"host": "login.example.org", "user": "me"}
+
+
+class InProcess:
+    """serve.py's request and reply, without SSH."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    def call(self, request: dict[str, Any], timeout: float) -> Any:
+        request = json.loads(json.dumps(request))  # what crosses the connection is JSON
+        self.requests.append(request)
+        return laptop.parse_reply("printed\n" + serve.reply_line(request))[1]
+
+
+def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[laptop.LaptopNodeProvider,
+                                                                    FakeSlurm, InProcess]:
+    fake = FakeSlurm()
+    monkeypatch.setattr(provider_module, "make_client", lambda pcfg: fake)
+    cfg = {"type": "external", "module": laptop.MODULE, "state_dir": str(tmp_path / "login"),
+           "python": "/opt/venv/bin/python", "ssh": SSH}
+    transport = InProcess()
+    return laptop.LaptopNodeProvider(cfg, "c1", transport=transport), fake, transport
+
+
+def test_the_laptop_runs_each_call_on_the_login_nodes_provider(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p, fake, transport = make(tmp_path, monkeypatch)
+    (head,) = p.create_node({"partition": "cpu", "cpus": 1}, HEAD_TAGS, 1)  # type: ignore[misc]
+    assert transport.requests[-1]["provider"]["ssh"] == SSH  # the login side drops it
+    assert p.non_terminated_nodes({}) == [head]
+    asked = len(transport.requests)
+    assert p.node_tags(head) == HEAD_TAGS  # from the listing's snapshot: no round trip
+    assert not p.is_running(head)
+    assert len(transport.requests) == asked
+    fake.start(head, "n2")
+    p.non_terminated_nodes({})
+    assert p.is_running(head)
+    assert p.internal_ip(head) == "127.0.0.3"
+    p.set_node_tags(head, {TAG_RAY_NODE_STATUS: "up-to-date"})
+    # The tags are the login node's files, under its lock (state.py), read by its provider.
+    assert ClusterDir(str(tmp_path / "login"), "c1").tags(head)[TAG_RAY_NODE_STATUS] == \
+        "up-to-date"
+    assert p.node_tags(head)[TAG_RAY_NODE_STATUS] == "up-to-date"
+    p.terminate_nodes([head])
+    assert p.non_terminated_nodes({}) == []
+    assert [head] in fake.cancelled
+
+
+def test_the_head_gets_the_login_nodes_config(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    p, _, _ = make(tmp_path, monkeypatch)
+    cfg = {"cluster_name": "c1", "provider": dict(p.provider_config)}
+    head = p.prepare_for_head_node(cfg)
+    assert "ssh" not in head["provider"]
+    assert head["provider"]["module"] == "ray_slurm_provider.provider.SlurmNodeProvider"
+    assert cfg["provider"]["ssh"] == SSH  # the laptop's own stays
+
+
+def test_errors_cross_back_typed() -> None:
+    with pytest.raises(click.ClickException, match=r"^no partition$"):
+        laptop.raise_reply(wire.error_reply(click.ClickException("no partition")))
+    ray_err = ProcessRunnerError("Command failed", "ssh_command_failed",  # type: ignore[no-untyped-call]
+                                 code=3, command="false")
+    with pytest.raises(ProcessRunnerError) as ei:
+        laptop.raise_reply(wire.error_reply(ray_err))
+    assert (ei.value.code, ei.value.command) == (3, "false")  # type: ignore[attr-defined]
+    with pytest.raises(laptop.LoginError, match=r"^KeyError on the login node"):
+        laptop.raise_reply(wire.error_reply(KeyError("x")))
+    with pytest.raises(laptop.LoginError, match="gave no reply: No module named"):
+        laptop.parse_reply("Traceback\nNo module named ray_slurm_provider\n")
+
+
+def test_printed_output_comes_before_the_reply() -> None:
+    printed, value = laptop.parse_reply("a\nb" + wire.MARKER.join(["\n", '{"ok": 5}\n']))
+    assert (printed, value) == ("a\nb", 5)
+
+
+def test_files_travel_as_one_archive_and_stay_inside(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f.txt").write_text("hi")
+    data, name = laptop.pack(str(src) + "/")
+    assert name == "src/"
+    into = tmp_path / "into"
+    wire.unpack(data, str(into))
+    assert (into / "src" / "sub" / "f.txt").read_text() == "hi"
+    for bad in ("../evil", "/abs"):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            info = tarfile.TarInfo(bad)
+            tar.addfile(info, io.BytesIO(b""))
+        with pytest.raises(ValueError, match="refused archive member"):
+            wire.unpack(base64.b64encode(buf.getvalue()).decode(), str(into))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        link = tarfile.TarInfo("l")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(ValueError, match="refused archive member"):
+        wire.unpack(base64.b64encode(buf.getvalue()).decode(), str(into))
+
+
+class FakeLink:
+    host = "login.example.org"
+
+    def __init__(self, missing: list[str] | None = None, version: str | None = "1.0",
+                 error: str | None = None) -> None:
+        self.missing = missing or []
+        self.version = version
+        self.error = error
+
+    def missing_commands(self) -> list[str]:
+        if self.error:
+            raise SshError(self.error)
+        return self.missing
+
+    def package_version(self, python: str) -> str | None:
+        return self.version
+
+
+@pytest.mark.parametrize(("link", "said"), [
+    (FakeLink(error="cannot reach the login node login.example.org:22: Connection refused"),
+     "provider.ssh: cannot reach the login node login.example.org:22: Connection refused"),
+    (FakeLink(error="login.example.org:22 refused the login of me@login.example.org "
+                    "(Permission denied: the key is not accepted; check provider.ssh.user "
+                    "and identity_file)"), "Permission denied"),
+    (FakeLink(missing=["sbatch", "squeue"]),
+     "provider.ssh: the login node login.example.org lacks Slurm's sbatch, squeue on its PATH"),
+    (FakeLink(version=None), "cannot import ray_slurm_provider"),
+])
+def test_bad_input_ends_ray_up_with_one_line(link: FakeLink, said: str) -> None:
+    with pytest.raises(click.ClickException) as ei:
+        laptop.preflight(link, "/opt/venv/bin/python")
+    message = ei.value.format_message()
+    assert said in message
+    assert "\n" not in message
+
+
+def test_ray_up_with_ssh_needs_the_login_nodes_python() -> None:
+    cfg = {"cluster_name": "c", "provider": {"type": "external", "ssh": {"host": "h"}}}
+    with pytest.raises(click.ClickException, match=r"provider\.python: with provider\.ssh"):
+        bootstrap.bootstrap_config(cfg)
+
+
+def test_ray_up_with_ssh_stops_before_anything_is_submitted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*a: Any, **k: Any) -> Any:
+        raise SshError("cannot reach the login node h:22: Connection refused")
+
+    monkeypatch.setattr(laptop.SshLink, "missing_commands", refused)
+    cfg = {"cluster_name": "c", "provider": {"type": "external", "python": "/p",
+                                             "ssh": {"host": "h"}}}
+    with pytest.raises(click.ClickException, match="Connection refused"):
+        bootstrap.bootstrap_config(cfg)
+
+
+def test_the_head_kind_is_what_the_login_node_set(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    p, _, _ = make(tmp_path, monkeypatch)
+    p.create_node({"partition": "cpu", "cpus": 1}, HEAD_TAGS, 1)
+    (head,) = p.non_terminated_nodes({TAG_RAY_NODE_KIND: HEAD_TAGS[TAG_RAY_NODE_KIND]})
+    assert p.node_tags(head)[TAG_RAY_NODE_KIND] == HEAD_TAGS[TAG_RAY_NODE_KIND]
+
+
+def test_sandbox_login_yaml_names_the_sandboxs_login_node() -> None:
+    """cluster-configs/sandbox-login.yaml is for `sandbox up --users 1 --login` as it is:
+    the default state dir, port offset 0, the first user (the e2e test swaps in its own)."""
+    import yaml
+
+    from ray_slurm_provider.sandbox import DEFAULT_STATE_DIR, login
+    from ray_slurm_provider.sandbox.layout import Layout
+    from ray_slurm_provider.sandbox.users import user_names
+
+    path = Path(__file__).resolve().parents[2] / "cluster-configs" / "sandbox-login.yaml"
+    provider = yaml.safe_load(path.read_text())["provider"]
+    layout = Layout(DEFAULT_STATE_DIR)
+    (user,) = user_names(1)
+    assert provider["ssh"] == {"host": login.LOGIN_HOST, "port": login.ssh_port(0),
+                               "user": user, "identity_file": login.user_key(layout, user),
+                               "known_hosts": login.known_hosts(layout)}
+    assert provider["python"] == str(Path(layout.shared_dir) / "venv" / "bin" / "python")
+
+
+def test_a_config_with_ssh_gets_the_laptops_provider() -> None:
+    """Ray loads the YAML's class, also where it never bootstraps the config (`ray
+    get-head-ip`): with `ssh` that class hands over to the laptop's provider."""
+    from ray_slurm_provider.provider.provider import SlurmNodeProvider
+
+    cfg = {"type": "external", "module": wire.MODULE, "python": "/p", "ssh": SSH}
+    assert isinstance(SlurmNodeProvider(cfg, "c1"), laptop.LaptopNodeProvider)
+    plain = SlurmNodeProvider(wire.login_config(cfg), "c1")  # the login node's and the head's
+    assert type(plain) is SlurmNodeProvider
