@@ -517,3 +517,20 @@ def test_validate_asks_accounting_again(tmp_path: Path, monkeypatch: pytest.Monk
     found = validate.validate_findings(c)
     assert len(asked) == 2
     assert not [f for f in found if "not checked" in f.message], found
+
+
+def test_logs_follow_keeps_following_while_slurm_does_not_answer(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import PermanentSlurmError
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    job = fake.submit(JobSpec("ray-sandbox", ["true"]))
+    fake.set_outage(True)
+    assert logs.job_alive(c, job)  # not answered: the job is not gone, ask again later
+    fake.set_outage(False)
+    fake.fail_next("list_jobs", PermanentSlurmError("squeue: error: Invalid user"))
+    with pytest.raises(PermanentSlurmError):
+        logs.job_alive(c, job)
+    assert logs.job_alive(c, job)
+    fake.finish(job, "COMPLETED")
+    assert not logs.job_alive(c, job)
