@@ -534,3 +534,22 @@ def test_a_container_sweep_that_slurm_did_not_answer_removes_nothing(
     a.prepare_container()
     assert ran == [["docker", "ps"]]  # listed the containers, removed none
     assert any("could not sweep old containers" in s for s in said), said
+
+
+def test_the_containers_slurm_probe_asks_a_throttled_controller_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A slow answer is no "the autoscaler cannot reach Slurm from its container"."""
+    from ray_slurm_provider.agent import probe
+    from ray_slurm_provider.slurm.client import PermanentSlurmError, TransientSlurmError
+
+    fake = FakeSlurm()
+    fake.submit(JobSpec("ray-c1", ["true"]))
+    monkeypatch.setattr(probe, "client_for", lambda d: fake)
+    waits: list[float] = []
+    fake.fail_next("list_jobs", TransientSlurmError(TIMED_OUT))
+    assert probe.main([str(tmp_path), "c1"], sleep=waits.append) == 0
+    assert "ok: 1 job(s)" in capsys.readouterr().out and len(waits) == 1
+    fake.fail_next("list_jobs", PermanentSlurmError("x", "Invalid user", "squeue"))
+    assert probe.main([str(tmp_path), "c1"], sleep=waits.append) == 1
+    assert "Slurm said: Invalid user" in capsys.readouterr().out and len(waits) == 1
