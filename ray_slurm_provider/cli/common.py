@@ -90,15 +90,21 @@ class Cluster:
         return self._client
 
     def ask(self, what: str, question: Callable[[], T]) -> T:
-        """`question()`, asked again (ASK_ATTEMPTS in all, backing off) while Slurm does not
-        answer in time; a refusal, or the last try's error, raises. Each retry says so on
-        stderr: a throttled controller makes a command slow, not silent."""
-        def note(n: int, err: BaseException | None, wait: float) -> None:
-            print(f"ray-slurm: {what} (try {n} of {ASK_ATTEMPTS}): {err}; trying again in "
-                  f"{wait:.0f}s", file=sys.stderr)
+        """`ask` with this cluster's wait between tries."""
+        return ask(what, question, self.sleep)
 
-        return retry(lambda _: question(), delay=ASK_DELAY, attempts=ASK_ATTEMPTS,
-                     retry_on=(TransientSlurmError,), on_retry=note, sleep=self.sleep)
+
+def ask(what: str, question: Callable[[], T],
+        sleep: Callable[[float], None] | None = None) -> T:
+    """`question()`, asked again (ASK_ATTEMPTS in all, backing off) while Slurm does not
+    answer in time; a refusal, or the last try's error, raises. Each retry says so on
+    stderr: a throttled controller makes a command slow, not silent."""
+    def note(n: int, err: BaseException | None, wait: float) -> None:
+        print(f"ray-slurm: {what} (try {n} of {ASK_ATTEMPTS}): {err}; trying again in "
+              f"{wait:.0f}s", file=sys.stderr)
+
+    return retry(lambda _: question(), delay=ASK_DELAY, attempts=ASK_ATTEMPTS,
+                 retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
 
 
 def load_cluster(path: str, *, starts: bool = False) -> Cluster:

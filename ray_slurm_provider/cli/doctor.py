@@ -207,7 +207,7 @@ def doctor_findings(cluster: Cluster) -> list[Finding]:
     except ConfigError as e:
         out = [Finding("fail", "config", str(e), f"`ray-slurm validate {cluster.path}`")]
     if cluster.pcfg.ssh is not None:  # from a laptop: the login node's side, over SSH
-        return out + sshcheck.ssh_findings(cluster.pcfg)
+        return out + sshcheck.ssh_findings(cluster.pcfg, sleep=cluster.sleep)
     slurm, info = slurm_findings(cluster)
     out += slurm + files_findings(cluster)
     if info is not None:
