@@ -131,12 +131,13 @@ class HeadAgent(Agent):
         """The one-shot is over (or the head job ends): cancel the cluster's workers now
         rather than let them find the head gone."""
         self.cdir.mark_teardown()
+        name = job_name(self.spec.cluster_name)
         try:
-            others = [j.job_id for j in self.slurm.list_jobs(job_name(self.spec.cluster_name))
-                      if j.active and j.job_id != self.node_id]
+            listed = self.ask("listing the workers", lambda: self.slurm.list_jobs(name))
+            others = [j.job_id for j in listed if j.active and j.job_id != self.node_id]
             if others:
                 log(f"cancelling the workers: {', '.join(others)}")
-                self.slurm.cancel(others)
+                self.ask("cancelling the workers", lambda: self.slurm.cancel(others))
         except SlurmError as e:
             log(f"could not cancel the workers ({e}); they end once they see the head gone")
         oneshot.remove_staged(self.cdir, req)

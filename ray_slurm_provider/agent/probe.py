@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ray_slurm_provider.config import ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import job_name
-from ray_slurm_provider.slurm.client import SlurmClient, SlurmError
+from ray_slurm_provider.retry import exponential, retry
+from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, TransientSlurmError
 from ray_slurm_provider.slurm.factory import make_client
+
+#: Tries of the listing: a controller that answers slowly (rate-limited, issue 29) is no
+#: container without Slurm. Three 30 s tries and their waits fit the head's 120 s for it.
+ATTEMPTS = 3
+DELAY = exponential(2.0, cap_s=10.0, jitter=0.2)
 
 
 def client_for(cluster_dir: Path) -> SlurmClient:
@@ -24,13 +31,15 @@ def client_for(cluster_dir: Path) -> SlurmClient:
     return make_client(pcfg)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, sleep: Callable[[float], None] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m ray_slurm_provider.agent.probe CLUSTER_DIR CLUSTER")
         return 2
     try:
-        jobs = client_for(Path(args[0])).list_jobs(job_name(args[1]))
+        client = client_for(Path(args[0]))
+        jobs = retry(lambda _: client.list_jobs(job_name(args[1])), delay=DELAY,
+                     attempts=ATTEMPTS, retry_on=(TransientSlurmError,), sleep=sleep)
     except SlurmError as e:
         print(f"Slurm said: {e.slurm_message}")
         return 1

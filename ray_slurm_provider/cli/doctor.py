@@ -53,7 +53,7 @@ def slurm_findings(cluster: Cluster) -> tuple[list[Finding], ClusterInfo | None]
     elif api == "rest":
         out += _token(cluster)
     try:
-        info = cluster.client.cluster_info()
+        info = cluster.ask("asking Slurm for its partitions", cluster.client.cluster_info)
     except SlurmError as e:
         fix = {"cli": "check SLURM_CONF and that slurmctld runs (`scontrol ping`)",
                "rest": "check provider.rest.url and the token (`scontrol token` for a new one)",
@@ -172,7 +172,8 @@ def ports_findings(cluster: Cluster, info: ClusterInfo) -> list[Finding]:
     ports = [block.base + i for i in range(len(PORT_NAMES))]
     what = f"ports {ports[0]}-{ports[-1]}"
     try:
-        jobs = cluster.client.list_jobs(cluster.job_name)
+        jobs = cluster.ask("listing the cluster's jobs",
+                           lambda: cluster.client.list_jobs(cluster.job_name))
     except SlurmError as e:
         return [Finding("fail", what, f"cannot list the cluster's jobs: {e}", "see above")]
     heads = [j for j in jobs if j.running and
@@ -206,7 +207,7 @@ def doctor_findings(cluster: Cluster) -> list[Finding]:
     except ConfigError as e:
         out = [Finding("fail", "config", str(e), f"`ray-slurm validate {cluster.path}`")]
     if cluster.pcfg.ssh is not None:  # from a laptop: the login node's side, over SSH
-        return out + sshcheck.ssh_findings(cluster.pcfg)
+        return out + sshcheck.ssh_findings(cluster.pcfg, sleep=cluster.sleep)
     slurm, info = slurm_findings(cluster)
     out += slurm + files_findings(cluster)
     if info is not None:

@@ -36,7 +36,7 @@ from ray_slurm_provider.provider.runs import (
     last_head,
     ray_logs_of,
 )
-from ray_slurm_provider.slurm.client import JOB_ID_RE
+from ray_slurm_provider.slurm.client import JOB_ID_RE, SlurmError, TransientSlurmError
 
 
 def resolve_job(cluster: Cluster, job: str | None) -> str | None:
@@ -102,6 +102,17 @@ def follow(path: Path, alive: Callable[[], bool], out: TextIO,
         sleep(every)
 
 
+def job_alive(cluster: Cluster, job_id: str) -> bool:
+    """Whether Slurm lists job `job_id` as active. A listing Slurm did not answer in time
+    (a throttled controller, issue 29) says nothing: the job counts as alive, `follow` asks
+    again at its next check. A refusal raises."""
+    try:
+        jobs = cluster.client.list_jobs(cluster.job_name)
+    except TransientSlurmError:
+        return True
+    return any(j.job_id == job_id and j.active for j in jobs)
+
+
 def node_temp_dir(cluster: Cluster, job: str) -> str:
     """Node `job`'s Ray temp dir: as its agent recorded it, else (older agents) named by the
     numeric job id (agent.json's: an array task's own), with a gang member's `.<k>`."""
@@ -164,10 +175,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if earlier_run(cluster.cdir, path):
             print(f"# job {base}: an earlier run's log ({path})", file=sys.stderr)
         if args.follow:
-            def alive() -> bool:
-                return any(j.job_id == base and j.active
-                           for j in cluster.client.list_jobs(cluster.job_name))
-            follow(path, alive, sys.stdout)
+            try:
+                follow(path, lambda: job_alive(cluster, base), sys.stdout)
+            except SlurmError as e:
+                raise CliError(f"cannot list the cluster's jobs: {e}") from e
         else:
             lines = path.read_text(errors="replace").splitlines()
             print("\n".join(lines[-args.lines:] if args.lines else lines))

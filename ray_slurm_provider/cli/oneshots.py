@@ -11,6 +11,7 @@ keep their dir.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shutil
 import time
@@ -118,7 +119,9 @@ def sweep(cluster: Cluster, clock: Callable[[], float] = time.time) -> list[tupl
         if not run.ended:
             if not run.head and clock() - run.created < UNSUBMITTED_S:
                 continue  # a `sbatch` still on its way to Slurm
-            jobs = [j for j in cluster.client.list_jobs(job_name(run.name)) if j.active]
+            listed = cluster.ask(f"listing run {run.run_id}'s jobs",
+                                 functools.partial(cluster.client.list_jobs, job_name(run.name)))
+            jobs = [j for j in listed if j.active]
             head = next((j for j in jobs if j.job_id == run.head), None)
             if head is not None:
                 live.append((run, head))

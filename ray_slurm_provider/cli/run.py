@@ -126,7 +126,8 @@ def running_head(cluster: Cluster) -> str | None:
     head = cluster.cdir.read_head()
     if head is None or not head.job_id:
         return None
-    jobs = cluster.client.list_jobs(cluster.job_name)
+    jobs = cluster.ask("listing the cluster's jobs",
+                       lambda: cluster.client.list_jobs(cluster.job_name))
     return head.job_id if any(j.job_id == head.job_id and j.active for j in jobs) else None
 
 
@@ -135,7 +136,8 @@ def starting_head(cluster: Cluster, up: str | None) -> Job | None:
     or running while Ray starts): a second `ray up` now would bring up the same cluster."""
     from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
-    for j in cluster.client.list_jobs(cluster.job_name):
+    for j in cluster.ask("listing the cluster's jobs",
+                         lambda: cluster.client.list_jobs(cluster.job_name)):
         tags = decode_tags(j.comment) or {}
         if j.active and j.job_id != up and tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             return j

@@ -5,9 +5,10 @@ them, and this package in the login node's `provider.python` at the laptop's ver
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
 
 from ray_slurm_provider import proc
-from ray_slurm_provider.cli.common import Finding
+from ray_slurm_provider.cli.common import Finding, ask
 from ray_slurm_provider.config import ProviderConfig
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import SlurmError
@@ -23,8 +24,10 @@ def local_version() -> str:
         return "unknown"
 
 
-def ssh_findings(pcfg: ProviderConfig, link: SshLink | None = None) -> list[Finding]:
-    """Each check stops the later ones when it fails: they all need the one before."""
+def ssh_findings(pcfg: ProviderConfig, link: SshLink | None = None,
+                 sleep: Callable[[float], None] | None = None) -> list[Finding]:
+    """Each check stops the later ones when it fails: they all need the one before. `sleep`:
+    the wait before Slurm is asked again (common.ask)."""
     assert pcfg.ssh is not None
     cfg = pcfg.ssh
     link = link or SshLink(cfg)
@@ -49,7 +52,8 @@ def ssh_findings(pcfg: ProviderConfig, link: SshLink | None = None) -> list[Find
     out.append(Finding("ok", "Slurm commands", "sbatch, squeue, scancel, scontrol, sinfo, "
                        "srun on the login node"))
     try:
-        info = CliSlurmClient(remote=link).cluster_info()
+        info = ask("asking Slurm for its partitions", CliSlurmClient(remote=link).cluster_info,
+                   sleep)
     except SlurmError as e:
         return [*out, Finding("fail", "Slurm via ssh", str(e),
                               "on the login node: `scontrol ping`")]

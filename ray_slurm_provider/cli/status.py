@@ -114,7 +114,8 @@ def ended_data(cluster: Cluster, limit: int, acct: Accounting | None = None) -> 
 
 
 def status_data(cluster: Cluster, ended: int = 0) -> dict[str, Any]:
-    jobs = cluster.client.list_jobs(cluster.job_name)  # the one question to the controller
+    jobs = cluster.ask("listing the cluster's jobs",  # the one question to the controller
+                       lambda: cluster.client.list_jobs(cluster.job_name))
     rows = node_rows(cluster, jobs)
     head = cluster.cdir.read_head()
     errors = read_json(cluster.cdir.root / "errors.json")  # provider/guard.py

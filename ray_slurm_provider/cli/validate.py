@@ -47,14 +47,17 @@ def validate_findings(cluster: Cluster, live: bool = True) -> list[Finding]:
     info, unreachable = None, None
     if live:
         try:
-            info = cluster.slurm_client.cluster_info()
+            info = cluster.ask("asking Slurm for its partitions",
+                               cluster.slurm_client.cluster_info)
         except SlurmError as e:
             unreachable = Finding("fail", f"Slurm ({cluster.pcfg.slurm_api})",
                                   f"cannot check against the cluster: {e}",
                                   "run `ray-slurm doctor CONFIG`, or --offline to skip")
     acct = Accounting(remote=cluster.remote)
     parsed, found = validation.run(cluster.config, info=info, env=os.environ,
-                                   associations=acct.associations if info else None)
+                                   associations=(lambda: cluster.ask(
+                                       "asking accounting for your associations",
+                                       acct.associations)) if info else None)
     mine = [f for f in found if f.rule not in validation.LIVE_RULES]
     if parsed is None or any(f.level == "error" for f in mine):
         return [shown(f, "fix the key named above") for f in mine]

@@ -76,11 +76,18 @@ from ray_slurm_provider.provider.nodes import (
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays, submit_nodes
 from ray_slurm_provider.provider.teardown import Teardown, cancel_jobs, shorten_ray_down_poll
 from ray_slurm_provider.provider.walltime import HeadWalltime
-from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError
+from ray_slurm_provider.retry import exponential, retry
+from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError, TransientSlurmError
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import ClusterDir
 
 logger = logging.getLogger(__name__)
+
+#: Tries of a one-off listing that must not fail on a slow controller (the head's launch:
+#: which logs are an earlier run's). The autoscaler's own listings are not tried again: a
+#: tick that raises is skipped, and the next tick lists anew.
+LIST_ATTEMPTS = 3
+LIST_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 
 class SlurmNodeProvider(NodeProvider):
@@ -135,6 +142,16 @@ class SlurmNodeProvider(NodeProvider):
 
     def _list_jobs(self) -> list[Job]:
         return self.slurm.list_jobs(job_name(self.cluster_name))
+
+    def _list_jobs_patiently(self) -> list[Job]:
+        """`_list_jobs`, tried again (LIST_ATTEMPTS in all, backing off) while Slurm does not
+        answer in time; the last error raises, never an empty list."""
+        def note(n: int, err: BaseException | None, wait: float) -> None:
+            logger.warning("listing the cluster's jobs (try %d of %d): %s; trying again in "
+                           "%.0fs", n, LIST_ATTEMPTS, err, wait)
+
+        return retry(lambda _: self._list_jobs(), delay=LIST_DELAY, attempts=LIST_ATTEMPTS,
+                     retry_on=(TransientSlurmError,), on_retry=note, sleep=self._sleep)
 
     def describe_job(self, node_id: str) -> str:
         """One line on where a node's job stands, in Slurm's words."""
@@ -306,7 +323,7 @@ class SlurmNodeProvider(NodeProvider):
             auth.ensure_token(self.cluster_dir.root)
         if head:
             self.cluster_dir.clear_teardown()
-            listed = self.slurm.list_jobs(job_name(self.cluster_name))  # their logs stay
+            listed = self._list_jobs_patiently()  # their logs stay
             runs.new_run(self.cluster_dir, [j.job_id for j in listed])  # ids may restart
             self.records.new_run()
         n = nt.node_config.nodes  # a gang type: whole groups of n nodes, one job each

@@ -490,3 +490,66 @@ def test_what_ray_left_in_its_session_ends_before_the_temp_dir_goes(
     assert a.main() == 1
     assert sessions == [True]  # `ray start` leads its own session
     assert events == [f"end session {FakeChild.pid}", "remove temp dir"]
+
+
+# --- issue 29: a throttled controller at the agent ----------------------------------------------
+TIMED_OUT = "squeue: error: slurm_load_jobs: Socket timed out on send/recv operation"
+
+
+def test_a_one_shots_end_cancels_the_workers_through_a_throttled_controller(
+        tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    fake = FakeSlurm()
+    head = fake.submit(JobSpec("ray-c1", ["true"]))
+    worker = fake.submit(JobSpec("ray-c1", ["true"]))
+    spec = NodeSpec(kind="head", node_type="h", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000)
+    a = HeadAgent(spec, {"SLURM_JOB_ID": head, "HOME": str(tmp_path)})
+    a.slurm = fake
+    waits: list[float] = []
+    a.pause = waits.append  # type: ignore[method-assign]
+    fake.fail_next("list_jobs", TransientSlurmError(TIMED_OUT))
+    fake.fail_next("cancel", TransientSlurmError("scancel: error: Socket timed out"))
+    a.end_cluster(StartRequest(id="r", ray_start=["ray"], entrypoint=["python", "a.py"]))
+    assert fake.cancelled[-1] == [worker] and len(waits) == 2
+    assert fake.job(head).state == "PENDING"
+
+
+def test_a_container_sweep_that_slurm_did_not_answer_removes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed listing is never "no jobs": the sweep skips this round, and says so."""
+
+    a, fake = docker_worker(tmp_path)
+    assert a.container is not None
+    ran: list[list[str]] = []
+    monkeypatch.setattr(a.container, "prepare", lambda: None)
+    monkeypatch.setattr(a.container.rt, "list_cluster", lambda ctx: ["docker", "ps"])
+    monkeypatch.setattr(a.container.rt, "parse_listing", lambda ctx, out: [("ray-c1-7", "7")])
+    monkeypatch.setattr(a.container, "_run", lambda argv, timeout=0: ran.append(argv) or
+                        proc.Result(argv, 0, "", ""))
+    fake.set_outage(True)
+    said: list[str] = []
+    monkeypatch.setattr("ray_slurm_provider.agent.agent.log", said.append)
+    a.prepare_container()
+    assert ran == [["docker", "ps"]]  # listed the containers, removed none
+    assert any("could not sweep old containers" in s for s in said), said
+
+
+def test_the_containers_slurm_probe_asks_a_throttled_controller_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A slow answer is no "the autoscaler cannot reach Slurm from its container"."""
+    from ray_slurm_provider.agent import probe
+    from ray_slurm_provider.slurm.client import PermanentSlurmError, TransientSlurmError
+
+    fake = FakeSlurm()
+    fake.submit(JobSpec("ray-c1", ["true"]))
+    monkeypatch.setattr(probe, "client_for", lambda d: fake)
+    waits: list[float] = []
+    fake.fail_next("list_jobs", TransientSlurmError(TIMED_OUT))
+    assert probe.main([str(tmp_path), "c1"], sleep=waits.append) == 0
+    assert "ok: 1 job(s)" in capsys.readouterr().out and len(waits) == 1
+    fake.fail_next("list_jobs", PermanentSlurmError("x", "Invalid user", "squeue"))
+    assert probe.main([str(tmp_path), "c1"], sleep=waits.append) == 1
+    assert "Slurm said: Invalid user" in capsys.readouterr().out and len(waits) == 1

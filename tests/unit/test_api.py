@@ -61,6 +61,7 @@ def make(tmp_path: Path, fake: FakeSlurm, **kw: Any) -> tuple[SlurmCluster, Ray]
     ray = Ray(fake)
     c = SlurmCluster(path, ray=ray, **kw)
     c.cluster.client_factory = lambda pcfg: fake
+    c.cluster.sleep = lambda s: None  # a throttled Slurm is asked again: never really wait
     ray.c = c
     return c, ray
 

@@ -16,7 +16,7 @@ from ray_slurm_provider.cli import doctor, logs, status, validate
 from ray_slurm_provider.cli import findings as checks
 from ray_slurm_provider.cli.common import Cluster, load_cluster, report
 from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
-from ray_slurm_provider.jobs import encode_tags
+from ray_slurm_provider.jobs import encode_tags, job_name
 from ray_slurm_provider.ports import port_block
 from ray_slurm_provider.slurm.client import Node
 from ray_slurm_provider.slurm.script import JobSpec
@@ -34,6 +34,7 @@ def cluster(tmp_path: Path, fake: FakeSlurm, **provider: Any) -> Cluster:
     path.write_text(yaml.safe_dump(config))
     c = load_cluster(str(path))
     c.client_factory = lambda pcfg: fake
+    c.sleep = lambda s: None  # a command asks a throttled Slurm again: never really wait
     return c
 
 
@@ -413,3 +414,123 @@ def test_env_exports_what_each_ray_tool_reads(tmp_path: Path) -> None:
     assert exports["RAY_ADDRESS"] == "10.0.0.7:24000"
     assert exports["RAY_API_SERVER_ADDRESS"] == "http://10.0.0.7:24001"
     assert exports["RAY_AUTH_MODE"] == "token"
+
+
+# --- issue 29: a throttled controller is asked again, a refusal is not ------------------------
+THROTTLED = "squeue: error: slurm_load_jobs: Socket timed out on send/recv operation"
+
+
+def test_status_asks_a_throttled_controller_again(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    waits: list[float] = []
+    c.sleep = waits.append
+    head = fake.submit(JobSpec("ray-sandbox", ["true"]),
+                       comment=encode_tags({"ray-node-type": "head"}))
+    for _ in range(2):
+        fake.fail_next("list_jobs", TransientSlurmError(THROTTLED, THROTTLED, "squeue"))
+    data = status.status_data(c)
+    assert [r["job_id"] for r in data["nodes"]] == [head]  # not "the cluster is down"
+    assert fake.calls["list_jobs"] == 3 and len(waits) == 2
+
+
+def test_status_gives_up_on_a_refusal_and_after_three_tries(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import PermanentSlurmError, SlurmError
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    waits: list[float] = []
+    c.sleep = waits.append
+    fake.fail_next("list_jobs", PermanentSlurmError("squeue: error: Invalid user"))
+    with pytest.raises(PermanentSlurmError):
+        status.status_data(c)
+    assert fake.calls["list_jobs"] == 1 and waits == []
+    fake.set_outage(True)
+    with pytest.raises(SlurmError):
+        status.status_data(c)
+    assert fake.calls["list_jobs"] == 4 and len(waits) == 2
+
+
+def test_status_sweep_of_one_shot_runs_asks_again(tmp_path: Path) -> None:
+    """A run's listing that Slurm did not answer must not end the run (its dir removed)."""
+    from ray_slurm_provider.cli import oneshots
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    seen: list[str] = []
+
+    def fake_runs(cl: Cluster) -> list[Any]:
+        seen.append("runs")
+        return [oneshots.Run(run_id="r1", name=f"{c.name}-r1", config_name=c.name,
+                             created=0.0, head="1000")]
+
+    head = fake.submit(JobSpec(job_name(f"{c.name}-r1"), ["true"]))
+    assert head == "1000"
+    fake.fail_next("list_jobs", TransientSlurmError(THROTTLED, THROTTLED, "squeue"))
+    import unittest.mock
+    with unittest.mock.patch.object(oneshots, "runs_of", fake_runs), \
+            unittest.mock.patch.object(oneshots, "save", lambda *a: seen.append("save")):
+        live = oneshots.sweep(c)
+    assert [j.job_id for _, j in live] == [head] and "save" not in seen
+
+
+def test_validate_and_doctor_ask_a_throttled_controller_again(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    fake.fail_next("cluster_info", TransientSlurmError("sinfo: error: rate limit exceeded"))
+    assert "fail" not in levels(validate.validate_findings(c))
+    assert fake.calls["cluster_info"] == 2
+    fake.fail_next("cluster_info", TransientSlurmError("scontrol: no answer within 30s"))
+    _, info = doctor.slurm_findings(cluster(tmp_path, fake, slurm_api="pyslurm"))
+    assert info is not None and fake.calls["cluster_info"] == 4
+    fake.fail_next("list_jobs", TransientSlurmError(THROTTLED))
+    (f,) = doctor.ports_findings(c, info)
+    assert f.level != "fail" and fake.calls["list_jobs"] == 2
+
+
+def test_validate_asks_accounting_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slurmdbd that did not answer once is no "account and qos not checked" warning."""
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+    from ray_slurm_provider.slurm.sacct import Association
+
+    asked: list[str] = []
+
+    class Acct:
+        def __init__(self, **kw: Any) -> None:
+            pass
+
+        def associations(self) -> list[Association]:
+            asked.append("sacctmgr")
+            if len(asked) == 1:
+                raise TransientSlurmError("sacctmgr: error: Socket timed out")
+            return [Association("lab", "", ("normal",), "normal")]
+
+    monkeypatch.setattr(validate, "Accounting", Acct)
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    c.config["available_node_types"]["head"]["node_config"]["account"] = "lab"
+    found = validate.validate_findings(c)
+    assert len(asked) == 2
+    assert not [f for f in found if "not checked" in f.message], found
+
+
+def test_logs_follow_keeps_following_while_slurm_does_not_answer(tmp_path: Path) -> None:
+    from ray_slurm_provider.slurm.client import PermanentSlurmError
+
+    fake = FakeSlurm()
+    c = cluster(tmp_path, fake)
+    job = fake.submit(JobSpec("ray-sandbox", ["true"]))
+    fake.set_outage(True)
+    assert logs.job_alive(c, job)  # not answered: the job is not gone, ask again later
+    fake.set_outage(False)
+    fake.fail_next("list_jobs", PermanentSlurmError("squeue: error: Invalid user"))
+    with pytest.raises(PermanentSlurmError):
+        logs.job_alive(c, job)
+    assert logs.job_alive(c, job)
+    fake.finish(job, "COMPLETED")
+    assert not logs.job_alive(c, job)

@@ -329,3 +329,14 @@ def test_ray_cli_passes_rays_output_to_stderr_through_the_filter(
     assert run.ray_cli(["up", "-y"], 30) == 4
     out, err = capfd.readouterr()
     assert out == "" and err == "args: up -y\ndone\n"
+
+
+def test_a_throttled_listing_after_ray_up_is_asked_again(tmp_path: Path) -> None:
+    """Issue 29: Slurm not answering once after `ray up` is no failed cluster (torn down)."""
+    from ray_slurm_provider.slurm.client import TransientSlurmError
+
+    w = World(tmp_path, FakeJobs([Info(JobStatus.SUCCEEDED)]))
+    w.on_up = lambda: w.slurm.fail_next("list_jobs", TransientSlurmError(
+        "squeue: error: slurm_load_jobs: Socket timed out on send/recv operation"))
+    assert w.runner().run() == 0, w.err.getvalue()
+    assert w.calls == ["up", "down"] and len(w.jobs.submitted) == 1

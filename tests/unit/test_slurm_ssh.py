@@ -256,3 +256,39 @@ def test_version_differences_are_said(tmp_path: Path) -> None:
     assert "on the cluster 1.0.0/3.9" in said[1]
     assert "no ray-slurm-provider" in tunnels.version_warnings(
         cluster, FakeLink(None, tunnels.local_ray_versions()))[0]  # type: ignore[arg-type]
+
+
+class SlowLink(FakeLink):
+    """A login node whose Slurm does not answer `sinfo` in time at first (issue 29)."""
+
+    def __init__(self, timeouts: int) -> None:
+        from ray_slurm_provider.cli.sshcheck import local_version
+
+        super().__init__(local_version(), "")
+        self.timeouts = timeouts
+        self.asked: list[str] = []
+
+    def missing_commands(self) -> list[str]:
+        return []
+
+    def run(self, argv: list[str], **kw: object) -> proc.Result:
+        self.asked.append(argv[0])
+        if argv[0] == "sinfo" and self.timeouts:
+            self.timeouts -= 1
+            raise proc.CommandTimeout(argv, "timed out", stderr="")
+        out = {"sinfo": "slurm 25.11.7\n", "scontrol": ""}.get(argv[0], "")
+        return proc.Result(list(argv), 0, out, "")
+
+
+def test_doctor_over_ssh_asks_a_throttled_controller_again() -> None:
+    from ray_slurm_provider.cli.sshcheck import ssh_findings
+
+    pcfg = config.parse_provider({"ssh": {"host": "h"}})
+    waits: list[float] = []
+    link = SlowLink(timeouts=1)
+    found = {f.what: f for f in ssh_findings(pcfg, link, sleep=waits.append)}  # type: ignore[arg-type]
+    assert found["Slurm via ssh"].level == "ok" and len(waits) == 1
+    assert link.asked.count("sinfo") == 2
+    found = {f.what: f for f in ssh_findings(pcfg, SlowLink(timeouts=3),  # type: ignore[arg-type]
+                                             sleep=waits.append)}
+    assert found["Slurm via ssh"].level == "fail" and len(waits) == 3

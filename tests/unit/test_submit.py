@@ -356,3 +356,18 @@ def test_ray_ups_first_question_to_slurm_is_asked_again_when_not_answered(
     with pytest.raises(SlurmError):  # a refusal is not asked again
         bootstrap._cluster_info({}, sleep=naps.append)
     assert f.calls["cluster_info"] == 3
+
+
+def test_a_head_launch_lists_the_old_runs_jobs_through_a_throttled_controller(
+        tmp_path: Path) -> None:
+    """Issue 29: the head's listing (which logs are an earlier run's) is asked again; a slow
+    controller fails no `ray up`, and no listing that failed is read as "no jobs"."""
+    p, f, clock = make(tmp_path)
+    p._sleep = clock.advance
+    live = f.submit(JobSpec("ray-c1", ["true"]))  # a worker of the running cluster
+    p.cluster_dir.create()
+    p.cluster_dir.log(live).write_text("still running\n")
+    f.fail_next("list_jobs", TransientSlurmError("squeue: no answer within 30s", "", "squeue"))
+    (head,) = p.create_node({}, HEAD_TAGS, 1)
+    assert f.calls["list_jobs"] == 2 and head in f.jobs
+    assert p.cluster_dir.log(live).read_text() == "still running\n"  # not moved aside
