@@ -29,9 +29,9 @@ from ray_slurm_provider.agent.tempdir import finish, job_dir, sweep
 from ray_slurm_provider.config import ProviderConfig
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.nodespec import NodeSpec, node_id
-from ray_slurm_provider.retry import exponential, retry
+from ray_slurm_provider.retry import exponential
 from ray_slurm_provider.schema import load
-from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, TransientSlurmError
+from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, ask
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import AgentInfo, ClusterDir, HeadInfo, RayUp
 
@@ -39,10 +39,6 @@ STARTED_MARKER = "Ray runtime started"
 #: Between the tries of a `ray start` that failed (worker.py, head.py): 2, 4, 8, 16, 30 s.
 START_BACKOFF = exponential(2.0, cap_s=30.0)
 SETUP_TIMEOUT_S = 3600.0  # one setup command (pip install, a module load)
-#: Tries of one Slurm call the agent must see through (`Agent.ask`): a controller that does
-#: not answer in time (a rate-limited one answers slowly, issue 29) is asked again.
-ASK_ATTEMPTS = 3
-ASK_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 T = TypeVar("T")
 
@@ -126,13 +122,9 @@ class Agent:
         self._stopped.wait(seconds)
 
     def ask(self, what: str, call: Callable[[], T]) -> T:
-        """`call()`, tried again (ASK_ATTEMPTS in all, backing off) while Slurm does not
-        answer in time; a refusal, or the last try's error, raises."""
-        def note(n: int, err: BaseException | None, wait: float) -> None:
-            log(f"{what} (try {n} of {ASK_ATTEMPTS}): {err}; trying again in {wait:.0f}s")
-
-        return retry(lambda _: call(), delay=ASK_DELAY, attempts=ASK_ATTEMPTS,
-                     retry_on=(TransientSlurmError,), on_retry=note, sleep=self.pause)
+        """`call()`, asked again while Slurm does not answer in time (slurm.client.ask); the
+        waits end early when the job is told to stop."""
+        return ask(what, call, say=log, sleep=self.pause)
 
     def on_term(self, signum: int, _frame: Any) -> None:
         """Stop this job's Ray (and its container): the terminator thread, or the head watch."""

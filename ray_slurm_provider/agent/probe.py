@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ray_slurm_provider.config import ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import job_name
-from ray_slurm_provider.retry import exponential, retry
-from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, TransientSlurmError
+from ray_slurm_provider.retry import exponential
+from ray_slurm_provider.slurm.client import SlurmClient, SlurmError, ask
 from ray_slurm_provider.slurm.factory import make_client
 
 #: Tries of the listing: a controller that answers slowly (rate-limited, issue 29) is no
@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None, sleep: Callable[[float], None] | None = 
         return 2
     try:
         client = client_for(Path(args[0]))
-        jobs = retry(lambda _: client.list_jobs(job_name(args[1])), delay=DELAY,
-                     attempts=ATTEMPTS, retry_on=(TransientSlurmError,), sleep=sleep)
+        jobs = ask("listing the cluster's jobs", lambda: client.list_jobs(job_name(args[1])),
+                   say=lambda line: print(line, file=sys.stderr), sleep=sleep,
+                   attempts=ATTEMPTS, delay=DELAY)
     except SlurmError as e:
         print(f"Slurm said: {e.slurm_message}")
         return 1

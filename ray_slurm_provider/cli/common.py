@@ -15,10 +15,10 @@ from ray_slurm_provider.cluster import ClusterConfig, parse_cluster
 from ray_slurm_provider.config import ConfigError, ProviderConfig, parse_provider
 from ray_slurm_provider.jobs import job_name
 from ray_slurm_provider.provider import defaults
-from ray_slurm_provider.retry import exponential, retry
 from ray_slurm_provider.schema import with_source
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.slurm.client import SlurmClient, TransientSlurmError
+from ray_slurm_provider.slurm.client import SlurmClient
+from ray_slurm_provider.slurm.client import ask as ask_slurm
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.slurm.ssh import SshLink
 from ray_slurm_provider.state import ClusterDir
@@ -27,11 +27,6 @@ from ray_slurm_provider.state import ClusterDir
 SSH_NOT_YET = ("provider.ssh: this command does not run from a laptop yet (the cluster "
                "directory's hand-offs over SSH are missing); run it on the login node. "
                "`ray-slurm doctor CONFIG` and `validate` work over SSH.")
-
-#: Tries of one question a command asks Slurm: a controller that does not answer in time (a
-#: rate-limited one answers slowly, issue 29) is asked again, backing off; a refusal is not.
-ASK_ATTEMPTS = 3
-ASK_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 T = TypeVar("T")
 
@@ -96,15 +91,10 @@ class Cluster:
 
 def ask(what: str, question: Callable[[], T],
         sleep: Callable[[float], None] | None = None) -> T:
-    """`question()`, asked again (ASK_ATTEMPTS in all, backing off) while Slurm does not
-    answer in time; a refusal, or the last try's error, raises. Each retry says so on
-    stderr: a throttled controller makes a command slow, not silent."""
-    def note(n: int, err: BaseException | None, wait: float) -> None:
-        print(f"ray-slurm: {what} (try {n} of {ASK_ATTEMPTS}): {err}; trying again in "
-              f"{wait:.0f}s", file=sys.stderr)
-
-    return retry(lambda _: question(), delay=ASK_DELAY, attempts=ASK_ATTEMPTS,
-                 retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
+    """`question()`, asked again while Slurm does not answer in time (slurm.client.ask). Each
+    retry says so on stderr: a throttled controller makes a command slow, not silent."""
+    return ask_slurm(what, question, sleep=sleep,
+                     say=lambda line: print(f"ray-slurm: {line}", file=sys.stderr))
 
 
 def load_cluster(path: str, *, starts: bool = False) -> Cluster:

@@ -30,18 +30,10 @@ from ray_slurm_provider.cluster import (
 )
 from ray_slurm_provider.config import ConfigError, parse_provider
 from ray_slurm_provider.provider import defaults, validation
-from ray_slurm_provider.retry import exponential, retry
-from ray_slurm_provider.slurm.client import ClusterInfo, SlurmClient, TransientSlurmError
+from ray_slurm_provider.slurm.client import ClusterInfo, SlurmClient, ask
 from ray_slurm_provider.units import MIB, mem_bytes
 
 logger = logging.getLogger(__name__)
-
-
-#: Tries of the live cluster's description at `ray up` (the first Slurm call of a run):
-#: a controller that does not answer in time once (a rate-limited one answers slowly,
-#: issue 29) is asked again, backing off, before `ray up` fails.
-INFO_ATTEMPTS = 3
-INFO_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 
 def _cluster_info(config: dict[str, Any] | None = None,
@@ -58,12 +50,10 @@ def _cluster_info(config: dict[str, Any] | None = None,
     else:
         client = make_client(pcfg)
 
-    def note(n: int, err: BaseException | None, wait: float) -> None:
-        logger.warning("asking Slurm for its partitions (try %d of %d): %s; trying again in "
-                       "%.0fs", n, INFO_ATTEMPTS, err, wait)
-
-    return retry(lambda _: client.cluster_info(), delay=INFO_DELAY, attempts=INFO_ATTEMPTS,
-                 retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
+    # The first Slurm call of a run: a controller that does not answer in time once (a
+    # rate-limited one answers slowly, issue 29) is asked again before `ray up` fails.
+    return ask("asking Slurm for its partitions", client.cluster_info, say=logger.warning,
+               sleep=sleep)
 
 
 def laptop_preflight(config: dict[str, Any]) -> bool:

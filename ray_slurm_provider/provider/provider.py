@@ -76,18 +76,11 @@ from ray_slurm_provider.provider.nodes import (
 from ray_slurm_provider.provider.submit import SUBMIT_TAG, Strays, submit_nodes
 from ray_slurm_provider.provider.teardown import Teardown, cancel_jobs, shorten_ray_down_poll
 from ray_slurm_provider.provider.walltime import HeadWalltime
-from ray_slurm_provider.retry import exponential, retry
-from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError, TransientSlurmError
+from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError, ask
 from ray_slurm_provider.slurm.factory import make_client
 from ray_slurm_provider.state import ClusterDir
 
 logger = logging.getLogger(__name__)
-
-#: Tries of a one-off listing that must not fail on a slow controller (the head's launch:
-#: which logs are an earlier run's). The autoscaler's own listings are not tried again: a
-#: tick that raises is skipped, and the next tick lists anew.
-LIST_ATTEMPTS = 3
-LIST_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 
 class SlurmNodeProvider(NodeProvider):
@@ -144,14 +137,12 @@ class SlurmNodeProvider(NodeProvider):
         return self.slurm.list_jobs(job_name(self.cluster_name))
 
     def _list_jobs_patiently(self) -> list[Job]:
-        """`_list_jobs`, tried again (LIST_ATTEMPTS in all, backing off) while Slurm does not
-        answer in time; the last error raises, never an empty list."""
-        def note(n: int, err: BaseException | None, wait: float) -> None:
-            logger.warning("listing the cluster's jobs (try %d of %d): %s; trying again in "
-                           "%.0fs", n, LIST_ATTEMPTS, err, wait)
-
-        return retry(lambda _: self._list_jobs(), delay=LIST_DELAY, attempts=LIST_ATTEMPTS,
-                     retry_on=(TransientSlurmError,), on_retry=note, sleep=self._sleep)
+        """`_list_jobs` for a one-off listing that must not fail on a slow controller (the
+        head's launch: which logs are an earlier run's), asked again while Slurm does not
+        answer in time. The autoscaler's own listings are not: a tick that raises is skipped,
+        and the next tick lists anew."""
+        return ask("listing the cluster's jobs", self._list_jobs, say=logger.warning,
+                   sleep=self._sleep)
 
     def describe_job(self, node_id: str) -> str:
         """One line on where a node's job stands, in Slurm's words."""

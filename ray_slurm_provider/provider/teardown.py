@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ray_slurm_provider import rayapi
-from ray_slurm_provider.retry import exponential, retry
-from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError, TransientSlurmError
+from ray_slurm_provider.slurm.client import Job, SlurmClient, SlurmError, ask
 from ray_slurm_provider.state import ClusterDir
 
 logger = logging.getLogger(__name__)
@@ -25,23 +24,16 @@ logger = logging.getLogger(__name__)
 SHORT_POLL_S = 0.1
 END_WAIT_S = 60.0  # more than Slurm's KillWait (30 s by default) plus an epilog
 LIST_EVERY_S = 0.5
-#: Tries of one scancel that Slurm did not answer. scancel sends one RPC per job, so on a
-#: rate-limited controller (issue 29) a long list can outlive the command's timeout; jobs the
-#: first try cancelled are "already gone" to the next (Slurm's words, not an error).
-CANCEL_ATTEMPTS = 3
-CANCEL_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
 
 
 def cancel_jobs(slurm: SlurmClient, jobs: list[str],
            sleep: Callable[[float], None] | None = None) -> None:
-    """One cancel call for all `jobs`, tried again (backing off) on a transient error; the
-    last error raises."""
-    def note(n: int, err: BaseException | None, wait: float) -> None:
-        logger.warning("cancelling Slurm jobs %s (try %d of %d): %s; trying again in %.0fs",
-                       ", ".join(jobs), n, CANCEL_ATTEMPTS, err, wait)
-
-    retry(lambda _: slurm.cancel(jobs), delay=CANCEL_DELAY, attempts=CANCEL_ATTEMPTS,
-          retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
+    """One cancel call for all `jobs`, asked again on a transient error; the last error
+    raises. scancel sends one RPC per job, so on a rate-limited controller (issue 29) a long
+    list can outlive the command's timeout; jobs the first try cancelled are "already gone"
+    to the next (Slurm's words, not an error)."""
+    ask(f"cancelling Slurm jobs {', '.join(jobs)}", lambda: slurm.cancel(jobs),
+        say=logger.warning, sleep=sleep)
 
 
 def shorten_ray_down_poll() -> bool:

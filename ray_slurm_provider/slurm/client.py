@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
+from ray_slurm_provider.retry import Delay, exponential, retry
 from ray_slurm_provider.slurm.spec import JobSpec
 
 #: Slurm's final job states: a job in one of these has ended for good. Any other state
@@ -290,3 +291,26 @@ _GONE = re.compile(
 def is_job_gone(message: str) -> bool:
     """True when scancel/REST says the job no longer exists (cancel stays idempotent)."""
     return bool(_GONE.search(message))
+
+
+#: Tries of one question to Slurm that must see a slow controller through (a rate-limited
+#: one answers slowly, issue 29), and the back-off between them. A refusal is never asked
+#: again.
+ASK_ATTEMPTS = 3
+ASK_DELAY = exponential(2.0, cap_s=30.0, jitter=0.2)
+
+T = TypeVar("T")
+
+
+def ask(what: str, question: Callable[[], T], *, say: Callable[[str], object] = print,
+        sleep: Callable[[float], None] | None = None, attempts: int = ASK_ATTEMPTS,
+        delay: Delay = ASK_DELAY) -> T:
+    """`question()`, asked again while Slurm does not answer in time (a TransientSlurmError),
+    backing off; a refusal, or the last try's error, raises: never an empty answer. Before
+    each retry `say` gets one line naming `what` (a log, stderr). `sleep`: tests never
+    sleep; the agent's wait ends early when its job is told to stop."""
+    def note(n: int, err: BaseException | None, wait: float) -> None:
+        say(f"{what} (try {n} of {attempts}): {err}; trying again in {wait:.0f}s")
+
+    return retry(lambda _: question(), delay=delay, attempts=attempts,
+                 retry_on=(TransientSlurmError,), on_retry=note, sleep=sleep)
