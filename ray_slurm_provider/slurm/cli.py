@@ -41,6 +41,11 @@ _INSTALL_HINT = (
 )
 
 
+#: Empty answers of `scontrol show federation` in a row before listings skip the federation
+#: (squeue --local): an answer the controller lost prints nothing too (_learn_local).
+NO_FEDERATION_ANSWERS = 2
+
+
 class CliSlurmClient:
     """Talks to Slurm by running its commands; constructing it runs nothing."""
 
@@ -57,6 +62,7 @@ class CliSlurmClient:
         self._addrs: dict[str, str] = {}
         self._listing = threading.local()  # a SqueueCache per calling thread
         self._local: bool | None = None  # squeue --local (`_local_flag`); None: not known yet
+        self._no_federation_seen = 0  # empty answers of `scontrol show federation` so far
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -187,17 +193,25 @@ class CliSlurmClient:
         return ["--local"] if self._local else []
 
     def _learn_local(self) -> None:
-        """Ask once, right after a listing the controller answered, whether the cluster is in
-        a federation: `scontrol show federation` prints nothing when it is not. In one, a job
-        may run on a sibling and be known here only as REVOKED, so squeue must keep asking
-        the federation. A probe that fails or says anything on stderr leaves it unknown (no
-        --local), to be asked after the next listing."""
+        """Ask, right after a listing the controller answered, whether the cluster is in a
+        federation. In one, a job may run on a sibling and be known here only as REVOKED, so
+        squeue must keep asking the federation. `scontrol show federation` prints nothing when
+        the cluster is in none, but also (exit 0, no stderr: scontrol_print_federation) when
+        the controller's answer was lost; so only NO_FEDERATION_ANSWERS empty answers in a
+        row make --local. One that names a federation decides at once; one that fails or
+        says anything on stderr leaves it unknown, to be asked after the next listing."""
         try:
             res = self._run_raw("scontrol", ["show", "federation"])
         except (proc.CommandFailed, SlurmError):
             return
-        if not res.stderr.strip():
-            self._local = not res.stdout.strip()
+        if res.stderr.strip():
+            return
+        if res.stdout.strip():
+            self._local = False
+            return
+        self._no_federation_seen += 1
+        if self._no_federation_seen >= NO_FEDERATION_ANSWERS:
+            self._local = True
 
     def user_job_ids(self) -> set[str]:
         """Every id of this user's jobs squeue lists, any name, any state (UserJobs)."""

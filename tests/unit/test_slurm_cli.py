@@ -205,8 +205,10 @@ def test_list_jobs_one_squeue_then_cached_addresses(fake: FakeRun) -> None:
 
     client.list_jobs("rsp-record")
     assert fake.commands() == ["squeue", "scontrol show federation", "scontrol show node",
-                               "squeue"]
-    # No federation: later listings skip squeue's REQUEST_FED_INFO (P7, issue 29).
+                               "squeue", "scontrol show federation"]
+    client.list_jobs("rsp-record")
+    # No federation, said twice: later listings skip squeue's REQUEST_FED_INFO (P7, issue 29).
+    assert fake.commands()[-1] == "squeue"
     assert fake.calls[-1].argv[:5] == ["squeue", "--me", "--array", "--noheader", "--local"]
 
 
@@ -402,6 +404,20 @@ def test_squeue_asks_the_federation_unless_the_cluster_is_in_none(
     while it is not known."""
     fake.set("scontrol show federation", answer)
     client = CliSlurmClient()
+    for _ in range(4):
+        client.list_jobs("rsp-record")
+    assert all("--local" not in c.argv for c in fake.calls)
+
+
+def test_an_empty_federation_answer_once_is_not_enough(fake: FakeRun) -> None:
+    """scontrol prints nothing, exit 0, both when the cluster is in no federation and when
+    the controller's answer was lost (Slurm 25.11 scontrol_print_federation): a lost answer
+    followed by the federation's name never makes squeue skip the federation."""
+    federation = "Federation: fed1\nSelf:       c1:127.0.0.1:6817 ID:1 FedState:ACTIVE\n"
+    fake.set("scontrol show federation", ("", "", 0))
+    client = CliSlurmClient()
     client.list_jobs("rsp-record")
-    client.list_jobs("rsp-record")
+    fake.set("scontrol show federation", (federation, "", 0))
+    for _ in range(3):
+        client.list_jobs("rsp-record")
     assert all("--local" not in c.argv for c in fake.calls)

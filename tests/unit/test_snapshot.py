@@ -37,8 +37,8 @@ def test_list_jobs_uses_the_cached_table_and_fetches_it_for_new_hosts() -> None:
         client = CliSlurmClient(env={"PATH": "/usr/bin"})
         first = client.list_jobs("ray-p4")
         second = client.list_jobs("ray-p4")
-    # The federation is asked once, after the first listing (CliSlurmClient._learn_local).
-    assert fake.calls == {"squeue": 2, "scontrol": 1, "federation": 1}
+    # The federation is asked after each of the first two listings (CliSlurmClient._learn_local).
+    assert fake.calls == {"squeue": 2, "scontrol": 1, "federation": 2}
     assert first == second
     assert {j.batch_host: j.node_addr for j in first if j.batch_host}["n3"] == "10.0.0.3"
     # The first listing with a running job fetches the table before it parses (no job is
@@ -49,11 +49,11 @@ def test_list_jobs_uses_the_cached_table_and_fetches_it_for_new_hosts() -> None:
     with mock.patch.object(proc, "run", fake):
         client = CliSlurmClient(env={"PATH": "/usr/bin"})
         jobs = [client.list_jobs("ray-p4") for _ in range(2)][-1]
-        assert fake.calls == {"squeue": 2, "scontrol": 1, "federation": 1}
+        assert fake.calls == {"squeue": 2, "scontrol": 1, "federation": 2}
         by_host = {j.batch_host: j.node_addr for j in jobs if j.batch_host}
         assert all(bool(addr) == (int(host[1:]) <= 20) for host, addr in by_host.items())
         client.list_jobs("ray-p4")  # job 41, running on n42, is new: the table is asked again
-    assert fake.calls == {"squeue": 3, "scontrol": 2, "federation": 1}
+    assert fake.calls == {"squeue": 3, "scontrol": 2, "federation": 2}
 
 
 def test_decode_tags_returns_a_fresh_dict_each_time() -> None:
