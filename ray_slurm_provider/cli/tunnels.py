@@ -3,11 +3,15 @@ one connection to the login node.
 
 The head's address, ports and the Ray token are read from the cluster directory on the login
 node (head.json, auth_token: file reads, their text on stdout). Two forwards go on the
-master, each bound to 127.0.0.1: the dashboard (jobs API) and the Ray client port. Their
-local ports are chosen once per cluster and recorded in ``~/.ray_slurm/<cluster>/tunnels.json``
-on this machine, so a tunnel reopened after it died keeps its port and exported addresses stay
-valid; running `env` again reopens a dead tunnel. The token is copied to
-``~/.ray_slurm/<cluster>/auth_token`` (0600); `env --close` ends the tunnels and removes it.
+master of the cluster's own (SshLink.forward: it persists until closed), each bound to
+127.0.0.1: the dashboard (jobs API) and the Ray client port. Their local ports are chosen once
+per cluster and recorded in ``~/.ray_slurm/<cluster>/tunnels.json`` on this machine, so a
+tunnel reopened after it died keeps its port and exported addresses stay valid; running `env`
+again reopens a dead tunnel, and one to a head that moved. The token is copied to
+``~/.ray_slurm/<cluster>/laptop_auth_token`` (0600); `env --close` ends this cluster's
+tunnels and removes that copy. The names differ from the cluster directory's own files: where
+this machine's home is the login node's (a notebook on the cluster), that directory is this
+one, and `--close` must not remove the cluster's token.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 from ray_slurm_provider import auth
@@ -28,6 +33,10 @@ from ray_slurm_provider.slurm.ssh import SshError, SshLink
 from ray_slurm_provider.state import HeadInfo, parse_head
 
 TUNNELS_FILE = "tunnels.json"
+#: What the open tunnels forward (to close and reopen them when the head moved).
+FORWARDS_FILE = "tunnels_open.json"
+#: The token copy (never the cluster directory's own `auth_token`: see above).
+TOKEN_COPY = "laptop_auth_token"
 #: The forwards, by name: which port of head.json each carries.
 FORWARDS = ("dashboard", "client")
 LOCAL_DIR = "~/.ray_slurm"
@@ -58,10 +67,23 @@ def local_ports(d: Path) -> dict[str, int]:
     if missing:
         for name in missing:
             ports[name] = _free_port()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(ports, indent=2) + "\n")
-        os.replace(tmp, path)
+        _write_json(path, ports)
     return ports
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Atomically, through a temp file of this process's own (two `env` at once)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _remote_head(cluster: Cluster, link: SshLink) -> HeadInfo:
@@ -79,11 +101,8 @@ def _copy_token(cluster: Cluster, link: SshLink, d: Path) -> Path:
     token = link.read_file(f"{root}/{auth.TOKEN_FILE}")
     if not token:
         raise CliError(f"no Ray token at {root}/{auth.TOKEN_FILE} on {link.cfg.host}")
-    path = d / auth.TOKEN_FILE
-    tmp = d / (auth.TOKEN_FILE + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    path = d / TOKEN_COPY
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=TOKEN_COPY + ".")  # 0600, this process's own
     with os.fdopen(fd, "w") as f:
         f.write(token)
     os.replace(tmp, path)
@@ -135,9 +154,12 @@ def open_tunnels(cluster: Cluster) -> list[str]:
         d = local_dir(cluster)
         ports = local_ports(d)
         remote = {"dashboard": head.dashboard_port, "client": head.client_port}
+        wanted = {name: f"{head.ip}:{remote[name]}" for name in FORWARDS}
+        if _read_json(d / FORWARDS_FILE) != wanted:  # a head that moved, or none recorded
+            link.close_tunnels(cluster.name)
         for name in FORWARDS:
-            link.forward(ports[name], head.ip, remote[name], cancel=True)  # a stale one
-            link.forward(ports[name], head.ip, remote[name])
+            link.forward(cluster.name, ports[name], head.ip, remote[name])
+        _write_json(d / FORWARDS_FILE, wanted)
         env = {
             "RAY_ADDRESS": f"ray://127.0.0.1:{ports['client']}",
             "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{ports['dashboard']}",
@@ -147,6 +169,8 @@ def open_tunnels(cluster: Cluster) -> list[str]:
             env.update(auth.auth_env("token", _copy_token(cluster, link, d)))
         else:
             env.update(auth.auth_env("disabled", None))
+            print("# warning: auth.mode is disabled: anyone who can connect to 127.0.0.1 on "
+                  "this machine can run jobs as you through these tunnels", file=sys.stderr)
     except SshError as e:
         raise CliError(str(e)) from e
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
@@ -158,12 +182,13 @@ def open_tunnels(cluster: Cluster) -> list[str]:
 
 
 def close_tunnels(cluster: Cluster) -> list[str]:
-    """End the forwards and the connection; remove the token copy (the ports stay
-    recorded for the next `env`)."""
+    """End this cluster's tunnels (their master); remove the token copy. The ports stay
+    recorded for the next `env`; the main connection and other clusters' tunnels stay."""
     link = cluster.remote
     assert link is not None
     d = local_dir(cluster)
-    link.close()
-    with contextlib.suppress(FileNotFoundError):
-        (d / auth.TOKEN_FILE).unlink()
+    link.close_tunnels(cluster.name)
+    for name in (TOKEN_COPY, FORWARDS_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (d / name).unlink()
     return [f"# tunnels to {link.cfg.host} closed"]

@@ -212,7 +212,10 @@ class LaptopNodeProvider(NodeProvider):
         return out
 
     def cleanup_cluster_resources(self) -> Any:
-        return self.call("cleanup_cluster_resources")
+        out = self.call("cleanup_cluster_resources")
+        if isinstance(self.transport, SshTransport):  # `ray down`: its tunnels go with it
+            self.transport.link.close_tunnels(self.cluster_name)
+        return out
 
     def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = self.call("prepare_for_head_node", head_config(cluster_config))

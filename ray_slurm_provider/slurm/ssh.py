@@ -5,6 +5,11 @@ Every command of the login side runs on the login node through one master connec
 command opens it, later ones reuse it, `close` ends it. The remote command is one string of
 shlex-quoted words, so no value is ever split or expanded by the login node's shell.
 
+A cluster's tunnels (`ray-slurm env`) live on a master of their own, one per cluster, that
+persists until `close_tunnels`: an idle master would end after ``ControlPersist`` and take
+the tunnels with it, and closing one cluster's tunnels must not end another's, nor a
+`ray up` running over the main connection.
+
 Security: the host key is always checked (``StrictHostKeyChecking=yes``; an unknown key
 stops with its fingerprint and how to accept it), no agent or X11 forwarding (``-a -x``,
 ``ClearAllForwardings``), ``BatchMode`` (no password prompt). Nothing secret goes on a
@@ -13,6 +18,7 @@ command line: what must reach the login node goes on stdin.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -59,20 +65,22 @@ def control_dir(path: str = CONTROL_DIR) -> str:
     return d
 
 
-def base_options(cfg: SshConfig, control: str, *, tunnels: bool = False) -> list[str]:
-    """The options of every ssh call: the master's socket, checks and no forwarding (but
-    our own tunnels, which ClearAllForwardings would drop: `tunnels`)."""
+def base_options(cfg: SshConfig, control: str, *, socket: str | None = None,
+                 persist: str | None = None) -> list[str]:
+    """The options of every ssh call that may open a master: its socket (`socket`, else
+    the main one, named by ssh's %C), how long it persists, checks, and no forwarding (also
+    none that the user's ssh_config names; tunnels are added to a master afterwards)."""
     opts = [
         "-a", "-x",
         "-o", "BatchMode=yes",
         "-o", "StrictHostKeyChecking=yes",
-        *([] if tunnels else ["-o", "ClearAllForwardings=yes"]),
+        "-o", "ClearAllForwardings=yes",
         "-o", "ForwardAgent=no",
         "-o", "ForwardX11=no",
         "-o", "PermitLocalCommand=no",
         "-o", "ControlMaster=auto",
-        "-o", f"ControlPath={os.path.join(control, '%C')}",
-        "-o", f"ControlPersist={cfg.control_persist_s}",
+        "-o", f"ControlPath={socket or os.path.join(control, '%C')}",
+        "-o", f"ControlPersist={persist or cfg.control_persist_s}",
         "-o", "ConnectTimeout=15",
         "-o", "ServerAliveInterval=30",
         "-p", str(cfg.port),
@@ -196,18 +204,41 @@ class SshLink:
             raise proc.CommandFailed(list(argv), msg, res.returncode, res.stdout, res.stderr)
         return result
 
-    def forward(self, local_port: int, host: str, port: int, *, cancel: bool = False) -> None:
-        """Add (or `cancel`) a tunnel on the master: 127.0.0.1:`local_port` on this machine
-        to `host`:`port` as the login node sees it. Only ever bound to 127.0.0.1."""
-        self.run(["true"], timeout=60)  # the master must run before -O forward
+    def tunnel_socket(self, name: str) -> str:
+        """The control socket of cluster `name`'s tunnel master (as long as ssh's %C)."""
+        key = f"{destination(self.cfg)}:{self.cfg.port}:{self.cfg.jump_host}\0{name}"
+        return os.path.join(self.control, "t" + hashlib.sha256(key.encode()).hexdigest()[:39])
+
+    def _control_command(self, socket: str, op: str, *extra: str) -> proc.Result:
+        """`ssh -O op` to the master at `socket`. ``-F /dev/null``: with the user's
+        ssh_config, a forward request would also carry every LocalForward, RemoteForward and
+        DynamicForward it names for the host (ClearAllForwardings would drop ours too)."""
+        argv = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket}", "-O", op, *extra,
+                "--", destination(self.cfg)]
+        return proc.run(argv, timeout=30, check=False)
+
+    def forward(self, name: str, local_port: int, host: str, port: int) -> None:
+        """A tunnel of cluster `name` on its own master (started when none runs, persisting
+        until `close_tunnels`): 127.0.0.1:`local_port` on this machine to `host`:`port` as
+        the login node sees it. Only ever bound to 127.0.0.1. Asking again for a tunnel the
+        master has is no error (ssh keeps the one it has)."""
+        socket = self.tunnel_socket(name)
+        if self._control_command(socket, "check").returncode != 0:
+            argv = ["ssh", *base_options(self.cfg, self.control, socket=socket, persist="yes"),
+                    "--", destination(self.cfg), "true"]
+            res = proc.run(argv, timeout=60, check=False)
+            if res.returncode != 0:
+                raise SshError(explain(self.cfg, res.stderr))
         spec = f"127.0.0.1:{int(local_port)}:{host}:{int(port)}"
-        argv = ["ssh", *base_options(self.cfg, self.control, tunnels=True),
-                "-O", "cancel" if cancel else "forward", "-L", spec, "--",
-                destination(self.cfg)]
-        res = proc.run(argv, timeout=30, check=False)
-        if res.returncode != 0 and not cancel:
+        res = self._control_command(socket, "forward", "-L", spec)
+        if res.returncode != 0:
             said = (res.stderr.strip().splitlines() or ["ssh failed"])[-1]
             raise SshError(f"cannot forward 127.0.0.1:{local_port} to {host}:{port}: {said}")
+
+    def close_tunnels(self, name: str) -> None:
+        """End cluster `name`'s tunnel master and its tunnels (nothing when none runs); the
+        main connection and other clusters' tunnels stay."""
+        self._control_command(self.tunnel_socket(name), "exit")
 
     def read_file(self, path: str) -> str | None:
         """A file of the login node (a path under ~ is read from the login home), or None

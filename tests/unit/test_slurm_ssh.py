@@ -23,6 +23,7 @@ from ray_slurm_provider.slurm import ssh as sshlink
 from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import TransientSlurmError
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
+from ray_slurm_provider.state import ClusterDir
 
 CFG = SshConfig(host="login.example.org", port=2222, user="me",
                 identity_file="/keys/id", jump_host="gw.example.org", known_hosts="/kh")
@@ -292,3 +293,106 @@ def test_doctor_over_ssh_asks_a_throttled_controller_again() -> None:
     found = {f.what: f for f in ssh_findings(pcfg, SlowLink(timeouts=3),  # type: ignore[arg-type]
                                              sleep=waits.append)}
     assert found["Slurm via ssh"].level == "fail" and len(waits) == 3
+
+
+class RecordRun:
+    """proc.run's stand-in: records each argv; `-O check` fails until a master was started."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.started: set[str] = set()
+
+    def __call__(self, argv: list[str], **_: object) -> proc.Result:
+        self.calls.append(list(argv))
+        socket = option_values(argv).get("ControlPath", "")
+        if "-O" in argv:
+            op = argv[argv.index("-O") + 1]
+            if op == "exit":
+                self.started.discard(socket)
+            ok = op != "check" or socket in self.started
+            return proc.Result(list(argv), 0 if ok else 255, "", "")
+        self.started.add(socket)
+        return proc.Result(list(argv), 0, "", "")
+
+
+def test_tunnels_have_a_master_of_their_own_per_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's tunnels persist until closed (an idle main master ends after
+    ControlPersist and would take them along), closing them ends neither the main connection
+    nor another cluster's, and a forward request carries no forward from the user's
+    ssh_config (-F /dev/null: ClearAllForwardings would drop ours too)."""
+    run = RecordRun()
+    monkeypatch.setattr(proc, "run", run)
+    link = SshLink(CFG, control="/ctl")
+    link.forward("a", 40001, "10.0.0.5", 8265)
+    start, forward = run.calls[1], run.calls[2]
+    socket = link.tunnel_socket("a")
+    assert option_values(start)["ControlPath"] == socket != "/ctl/%C"
+    assert option_values(start)["ControlPersist"] == "yes"
+    assert option_values(start)["ClearAllForwardings"] == "yes"
+    assert start[-2:] == ["me@login.example.org", "true"]
+    assert forward[:3] == ["ssh", "-F", "/dev/null"]
+    assert forward[forward.index("-O") + 1:forward.index("--")] == [
+        "forward", "-L", "127.0.0.1:40001:10.0.0.5:8265"]
+    assert option_values(forward)["ControlPath"] == socket
+    link.forward("a", 40002, "10.0.0.5", 10001)  # the master runs: no second one
+    assert sum(1 for c in run.calls if "-O" not in c) == 1
+    assert link.tunnel_socket("b") != socket
+    assert len(os.path.basename(socket)) == 40  # as long as ssh's %C: fits sun_path
+    link.close_tunnels("a")
+    assert run.calls[-1][run.calls[-1].index("-O") + 1] == "exit"
+    assert option_values(run.calls[-1])["ControlPath"] == socket
+    assert "/ctl/%C" not in run.calls[-1]
+
+
+def test_closing_tunnels_never_removes_the_clusters_own_token(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this machine's home is the login node's (a notebook on the cluster), the local
+    dir of `env` is the cluster directory itself: `--close` removes the copy, never the token
+    the cluster runs with."""
+    from ray_slurm_provider.cli import common, tunnels
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cdir = tmp_path / ".ray_slurm" / "c"
+    cdir.mkdir(parents=True, mode=0o700)
+    (cdir / "auth_token").write_text("the-token\n")
+    (cdir / "head.json").write_text('{"job_id": "1", "ip": "10.0.0.5", "gcs_port": 6379, '
+                                    '"dashboard_port": 8265, "client_port": 10001}')
+
+    class Link:
+        cfg = CFG
+        forwards: list[tuple[str, int, str, int]] = []
+        closed: list[str] = []
+
+        def read_file(self, path: str) -> str | None:
+            p = Path(os.path.expanduser(path))
+            return p.read_text() if p.exists() else None
+
+        def forward(self, name: str, local: int, host: str, port: int) -> None:
+            self.forwards.append((name, local, host, port))
+
+        def close_tunnels(self, name: str) -> None:
+            self.closed.append(name)
+
+        def package_version(self, python: str) -> str | None:
+            return sshcheck_version
+
+        def run(self, argv: list[str], **_: object) -> proc.Result:
+            return proc.Result(list(argv), 0, tunnels.local_ray_versions(), "")
+
+    from ray_slurm_provider.cli.sshcheck import local_version
+    sshcheck_version = local_version()
+    link = Link()
+    cfg = {"cluster_name": "c", "provider": {"type": "external", "python": "python3",
+                                              "ssh": {"host": CFG.host}}}
+    pcfg = config.parse_provider(cfg["provider"])  # type: ignore[arg-type]
+    cluster = common.Cluster("c.yaml", cfg, pcfg, ClusterDir(str(tmp_path / "unused"), "c"))
+    cluster.__dict__["remote"] = link  # the cached property: this fake instead of ssh
+    lines = tunnels.open_tunnels(cluster)
+    token = Path(next(ln for ln in lines if "RAY_AUTH_TOKEN_PATH" in ln).split("=", 1)[1])
+    assert token != cdir / "auth_token" and token.read_text() == "the-token\n"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert {(h, p) for _, _, h, p in link.forwards} == {("10.0.0.5", 8265), ("10.0.0.5", 10001)}
+    tunnels.close_tunnels(cluster)
+    assert link.closed[-1] == "c"
+    assert not token.exists()
+    assert (cdir / "auth_token").read_text() == "the-token\n"
