@@ -41,8 +41,8 @@ def test_the_python_api_runs_the_whole_cycle(sandbox: object, tmp_path: Path) ->
             wait_for(lambda: len(rc.jobs()) >= 2, 60, "a worker job for request_resources",
                      every=0.5)
             timings["request_resources -> worker job"] = time.monotonic() - t1
-            ray.init(c.address)
-            try:
+            try:  # a failed ray.init too: later modules' ray.init share this process
+                ray.init(c.address)
                 where = ray.remote(num_cpus=1)(
                     lambda: ray.get_runtime_context().get_node_id())
                 worker_node = ray.get(where.remote(), timeout=120)
