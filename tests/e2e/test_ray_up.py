@@ -270,11 +270,16 @@ def test_second_cluster_runs_beside_the_first(cluster: RayCluster,
         other.up()
         assert other.ports.gcs != cluster.ports.gcs
         assert _status(f"{other.dashboard}/api/version") == 200  # no token asked for
+        # Node ids, not addresses: the worker's job may land on the head's Slurm node.
+        # The entrypoint (the driver) runs on the head.
         out = other.submit(
             "import ray; ray.init();"
-            "f = ray.remote(num_cpus=1)(lambda: ray.util.get_node_ip_address());"
-            "print('WORKER', ray.get(f.remote()))", timeout=600)
-        assert f"WORKER {other.head()['ip']}" not in out and "WORKER 127.0.0." in out, out
+            "node = lambda: ray.get_runtime_context().get_node_id();"
+            "f = ray.remote(num_cpus=1)(node);"
+            "print('NODES', node(), ray.get(f.remote()))", timeout=600)
+        line = next(x for x in out.splitlines() if x.startswith("NODES "))
+        head_node, task_node = line.split()[1:]
+        assert task_node != head_node, out
         assert leftover.read_text() == "leftover" * 8
         other.down()
         # scancel is sent by then; a job may still be COMPLETING (its processes exiting).
