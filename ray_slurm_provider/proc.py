@@ -74,7 +74,10 @@ def run(
     """Run `argv` and capture its output as text.
 
     `env`, when given, replaces the environment entirely (callers build it with `clean_env`).
-    With `check`, a non-zero exit raises `CommandFailed` carrying stderr.
+    With `check`, a non-zero exit raises `CommandFailed` carrying stderr. Without `input`
+    the command reads an empty stdin: never the caller's terminal (ssh would take keystrokes
+    meant for `ray up`). Bytes that are not UTF-8 (a job name, a remote file) come back as
+    U+FFFD rather than failing the whole call.
     """
     args = [str(a) for a in argv]
     if not args:
@@ -83,8 +86,10 @@ def run(
         cp = subprocess.run(
             args,
             input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
             capture_output=True,
             text=True,
+            errors="replace",
             timeout=timeout,
             env=dict(env) if env is not None else None,
             cwd=cwd,
@@ -93,14 +98,21 @@ def run(
     except FileNotFoundError as e:
         raise CommandNotFound(args, f"{args[0]}: command not found") from e
     except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        out = _text(e.stdout)
+        err = _text(e.stderr)
         raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s", None, out, err) from e
     res = Result(args, cp.returncode, cp.stdout, cp.stderr)
     if check and cp.returncode != 0:
         msg = (cp.stderr.strip() or cp.stdout.strip() or f"exit code {cp.returncode}")
         raise CommandFailed(args, msg, cp.returncode, cp.stdout, cp.stderr)
     return res
+
+
+def _text(data: bytes | str | None) -> str:
+    """What a timed-out command printed (subprocess hands it over undecoded)."""
+    if isinstance(data, bytes):
+        return data.decode(errors="replace")
+    return data or ""
 
 
 def start(

@@ -44,7 +44,10 @@ def ssh_findings(pcfg: ProviderConfig, link: SshLink | None = None,
     if pcfg.slurm_api != "cli":
         return [*out, Finding("fail", "Slurm over SSH", f"slurm_api {pcfg.slurm_api} with "
                               "provider.ssh", "set provider.slurm_api: cli")]
-    missing = link.missing_commands()
+    try:
+        missing = link.missing_commands()
+    except (SshError, proc.CommandError) as e:
+        return [*out, Finding("fail", "Slurm commands", str(e), "run doctor again")]
     if missing:
         return [*out, Finding("fail", "Slurm commands", f"not on the login node's PATH: "
                               f"{', '.join(missing)}", "is this the login node? does its "
@@ -68,7 +71,7 @@ def _version(pcfg: ProviderConfig, link: SshLink) -> Finding:
     mine = local_version()
     try:
         theirs = link.package_version(python)
-    except SshError as e:
+    except (SshError, proc.CommandError) as e:
         return Finding("fail", "package version", str(e), "run doctor again")
     if theirs is None:
         return Finding("fail", "package version", f"{python} on the login node has no "

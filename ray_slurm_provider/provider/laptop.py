@@ -78,8 +78,16 @@ class SshTransport:
         self.python = python
 
     def call(self, request: dict[str, Any], timeout: float) -> Any:
-        res = self.link.run([self.python, "-m", "ray_slurm_provider.provider.serve"],
-                            input=json.dumps(request), timeout=timeout, check=False)
+        """The reply of one request. ssh's failure, or a call that outran `timeout`, ends
+        the `ray` command with one line (Ray prints a ClickException without a traceback)."""
+        try:
+            res = self.link.run([self.python, "-m", "ray_slurm_provider.provider.serve"],
+                                input=json.dumps(request), timeout=timeout, check=False)
+        except SshError as e:
+            raise click.ClickException(f"provider.ssh: {e}") from e
+        except proc.CommandError as e:
+            raise click.ClickException(f"provider.ssh: {request.get('op')} on "
+                                       f"{self.link.cfg.host}: {e}") from e
         if res.returncode != 0 and wire.MARKER not in res.stdout:
             said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
             raise LoginError(f"{self.python} -m ray_slurm_provider.provider.serve failed on "
@@ -214,7 +222,11 @@ class LaptopNodeProvider(NodeProvider):
     def cleanup_cluster_resources(self) -> Any:
         out = self.call("cleanup_cluster_resources")
         if isinstance(self.transport, SshTransport):  # `ray down`: its tunnels go with it
-            self.transport.link.close_tunnels(self.cluster_name)
+            try:
+                self.transport.link.close_tunnels(self.cluster_name)
+            except (SshError, proc.CommandError) as e:  # the cluster is down all the same
+                click.echo(f"provider.ssh: could not close the tunnels of "
+                           f"{self.cluster_name}: {e}", err=True)
         return out
 
     def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
@@ -229,12 +241,20 @@ class LaptopNodeProvider(NodeProvider):
 
 def pack(source: str) -> tuple[str, str]:
     """`source` (a file, or a directory whose contents `dir/` means) as a base64 gzipped
-    tar, and the name serve.py gives to run_rsync_up (with the trailing `/`)."""
+    tar, and the name serve.py gives to run_rsync_up (with the trailing `/`). Symbolic
+    links are followed, as `ray up` does from a machine that shares the cluster's
+    filesystem: a link to this laptop's path would point nowhere on the cluster. A link
+    that points nowhere here, or in a loop, stops with its name."""
     path = os.path.expanduser(source)
     name = os.path.basename(path.rstrip("/")) or "files"
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(path, arcname=name)
+    try:
+        with tarfile.open(fileobj=buf, mode="w:gz", dereference=True) as tar:
+            tar.add(path, arcname=name)
+    except OSError as e:
+        where = e.filename or path
+        raise click.ClickException(f"file_mounts: cannot copy {where} to the cluster: "
+                                   f"{e.strerror or e}") from e
     return base64.b64encode(buf.getvalue()).decode(), name + ("/" if source.endswith("/") else "")
 
 

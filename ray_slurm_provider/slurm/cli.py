@@ -81,8 +81,9 @@ class CliSlurmClient:
                 return self._remote.run(argv, timeout=self._timeout, input=input,
                                         env={"SLURM_TIME_FORMAT": "standard"})
             return proc.run(argv, timeout=self._timeout, input=input, env=self.command_env())
-        except SshError as e:
-            raise TransientSlurmError(str(e), str(e), name) from e
+        except SshError as e:  # a lost connection is worth asking again; a refused login not
+            kind = TransientSlurmError if e.transient else PermanentSlurmError
+            raise kind(str(e), str(e), name) from e
         except proc.CommandNotFound as e:
             raise PermanentSlurmError(
                 f"{argv[0]}: command not found; {_INSTALL_HINT}", command=name) from e

@@ -42,7 +42,20 @@ _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class SshError(RuntimeError):
     """The login node could not be reached or refused us; the message names the cause in
-    one line."""
+    one line. `transient`: the connection failed (asking again may work), as opposed to a
+    refusal (host key, login) that only the user can fix."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+#: What ssh prints when the login node refused us: only the user can fix it.
+REFUSALS = ("Host key verification failed", "host key is known", "Permission denied")
+#: What ssh prints when the connection, not the login, failed: worth asking again.
+CONNECTION_FAILURES = ("Connection refused", "Could not resolve", "timed out",
+                       "No route to host", "Network is unreachable", "Connection closed",
+                       "Connection reset", "Broken pipe")
 
 
 def destination(cfg: SshConfig) -> str:
@@ -124,6 +137,14 @@ def ssh_argv(cfg: SshConfig, control: str, command: str) -> list[str]:
     return ["ssh", *base_options(cfg, control), "--", destination(cfg), command]
 
 
+def failure(cfg: SshConfig, stderr: str) -> SshError:
+    """The error for ssh's own failure, transient where the connection failed (a refused
+    key or login never is, whatever else ssh printed)."""
+    refused = any(m in stderr for m in REFUSALS)
+    connection = any(m in stderr for m in CONNECTION_FAILURES)
+    return SshError(explain(cfg, stderr), transient=connection and not refused)
+
+
 def explain(cfg: SshConfig, stderr: str) -> str:
     """One line naming why ssh itself failed."""
     where = f"{cfg.host}:{cfg.port}"
@@ -137,8 +158,7 @@ def explain(cfg: SshConfig, stderr: str) -> str:
     if "Permission denied" in text:
         return (f"{where} refused the login of {destination(cfg)} (Permission denied: "
                 "the key is not accepted; check provider.ssh.user and identity_file)")
-    for marker in ("Connection refused", "Could not resolve", "timed out", "No route to host",
-                   "Network is unreachable", "Connection closed", "Connection reset"):
+    for marker in CONNECTION_FAILURES:
         if marker in text:
             return f"cannot reach the login node {where}: {marker}"
     last = text.splitlines()[-1] if text else "ssh failed"
@@ -194,7 +214,7 @@ class SshLink:
         res = proc.run(ssh_argv(self.cfg, self.control, command), input=input,
                        timeout=timeout, check=False)
         if res.returncode == SSH_FAILED:
-            raise SshError(explain(self.cfg, res.stderr))
+            raise failure(self.cfg, res.stderr)
         result = proc.Result(list(argv), res.returncode, res.stdout, res.stderr)
         if res.returncode == 127 and check:
             raise proc.CommandNotFound(list(argv), f"{argv[0]}: command not found on "
@@ -228,7 +248,7 @@ class SshLink:
                     "--", destination(self.cfg), "true"]
             res = proc.run(argv, timeout=60, check=False)
             if res.returncode != 0:
-                raise SshError(explain(self.cfg, res.stderr))
+                raise failure(self.cfg, res.stderr)
         spec = f"127.0.0.1:{int(local_port)}:{host}:{int(port)}"
         res = self._control_command(socket, "forward", "-L", spec)
         if res.returncode != 0:

@@ -17,6 +17,8 @@ import pytest
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS
 
+from ray_slurm_provider import proc
+from ray_slurm_provider.config import SshConfig
 from ray_slurm_provider.provider import bootstrap, laptop, serve, wire
 from ray_slurm_provider.provider import provider as provider_module
 from ray_slurm_provider.slurm.ssh import SshError
@@ -218,3 +220,79 @@ def test_a_config_with_ssh_gets_the_laptops_provider() -> None:
     assert isinstance(SlurmNodeProvider(cfg, "c1"), laptop.LaptopNodeProvider)
     plain = SlurmNodeProvider(wire.login_config(cfg), "c1")  # the login node's and the head's
     assert type(plain) is SlurmNodeProvider
+
+
+def test_file_mounts_follow_symbolic_links(tmp_path: Path) -> None:
+    """A link in a file mount arrives as what it points to: the login node refuses links
+    in the archive, and one to this laptop's path would point nowhere there."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "data.txt").write_text("real")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "file-link").symlink_to(outside / "data.txt")
+    (src / "dir-link").symlink_to(outside)
+    data, _ = laptop.pack(str(src))
+    into = tmp_path / "into"
+    wire.unpack(data, str(into))
+    assert (into / "src" / "file-link").read_text() == "real"
+    assert not (into / "src" / "file-link").is_symlink()
+    assert (into / "src" / "dir-link" / "data.txt").read_text() == "real"
+
+
+@pytest.mark.parametrize("target", ["missing", "loop"])
+def test_a_link_that_points_nowhere_is_named(tmp_path: Path, target: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "bad").symlink_to(src / target)
+    if target == "loop":
+        (src / "loop").symlink_to(src / "bad")
+    with pytest.raises(click.ClickException) as ei:
+        laptop.pack(str(src) + "/")
+    message = ei.value.format_message()
+    assert message.startswith("file_mounts: cannot copy "), message
+    assert str(src / "bad") in message or str(src / "loop") in message, message
+
+
+class LostLink:
+    """An SshLink whose connection is gone (or whose call outran its time)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.cfg = SshConfig(host="login.example.org")
+
+    def run(self, argv: list[str], **kw: object) -> Any:
+        raise self.error
+
+    def close_tunnels(self, name: str) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [
+    SshError("cannot reach the login node login.example.org:22: Connection reset",
+             transient=True),
+    proc.CommandTimeout(["ssh"], "ssh timed out after 600s"),
+])
+def test_a_lost_login_node_ends_the_ray_command_with_one_line(error: Exception) -> None:
+    transport = laptop.SshTransport(LostLink(error), "/p")  # type: ignore[arg-type]
+    with pytest.raises(click.ClickException) as ei:
+        transport.call({"op": "non_terminated_nodes"}, 5)
+    message = ei.value.format_message()
+    assert message.startswith("provider.ssh: ") and str(error) in message
+    assert "\n" not in message
+
+
+def test_ray_down_ends_even_when_the_tunnels_cannot_be_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    provider, _, _ = make(tmp_path, monkeypatch)
+    link = LostLink(proc.CommandTimeout(["ssh"], "ssh timed out after 30s"))
+    inner = provider.transport
+
+    class Both(laptop.SshTransport):
+        def call(self, request: dict[str, Any], timeout: float) -> Any:
+            return inner.call(request, timeout)
+
+    provider.transport = Both(link, "/p")  # type: ignore[arg-type]
+    provider.cleanup_cluster_resources()
+    assert "could not close the tunnels" in capsys.readouterr().err

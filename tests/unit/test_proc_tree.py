@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,3 +98,26 @@ def test_pipe_holders_tolerate_pids_that_are_gone(monkeypatch: pytest.MonkeyPatc
         gone = gone_process().pid
         monkeypatch.setattr(psutil, "pids", lambda: [gone, p.pid])
         assert proc.pipe_holders(p.stdout.fileno()) == [p.pid]
+
+
+def test_a_command_never_reads_the_callers_stdin() -> None:
+    """ssh (and any command) run without `input` gets an empty stdin: keystrokes typed at
+    `ray up` are not its to take."""
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    try:
+        os.write(write_end, b"typed at the terminal\n")
+        os.close(write_end)
+        os.dup2(read_end, 0)
+        assert proc.run(["cat"], timeout=10).stdout == ""
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
+
+
+def test_output_that_is_not_utf8_is_replaced_not_fatal() -> None:
+    script = "import sys; sys.stdout.buffer.write(b'job-\\xe9t\\xe9\\n')"
+    res = proc.run([sys.executable, "-c", script], timeout=30)
+    assert res.stdout == "job-\ufffdt\ufffd\n"
+    assert proc._text(b"\xff") == "\ufffd"  # what a timed-out command printed

@@ -21,7 +21,7 @@ from ray_slurm_provider import config, proc
 from ray_slurm_provider.config import SshConfig
 from ray_slurm_provider.slurm import ssh as sshlink
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.slurm.client import TransientSlurmError
+from ray_slurm_provider.slurm.client import PermanentSlurmError, SlurmError, TransientSlurmError
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
 from ray_slurm_provider.state import ClusterDir
 
@@ -396,3 +396,58 @@ def test_closing_tunnels_never_removes_the_clusters_own_token(
     assert link.closed[-1] == "c"
     assert not token.exists()
     assert (cdir / "auth_token").read_text() == "the-token\n"
+
+
+@pytest.mark.parametrize(("stderr", "transient"), [
+    ("ssh: connect to host h port 22: Connection refused", True),
+    ("ssh: connect to host h port 22: Connection timed out", True),
+    ("Connection closed by 10.0.0.1 port 22", True),
+    ("client_loop: send disconnect: Broken pipe", True),
+    ("me@h: Permission denied (publickey).", False),
+    ("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nHost key verification failed."
+     "\nConnection closed", False),
+    ("kex_exchange_identification: banner line contains invalid characters", False),
+])
+def test_only_a_failed_connection_is_worth_asking_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, stderr: str, transient: bool) -> None:
+    """The CLI back end (and the retries above it) asks Slurm again only where ssh could not
+    connect; a refused key or host key stops at once with ssh's reason."""
+    monkeypatch.setattr(sshlink, "fingerprints", lambda cfg: [])
+    monkeypatch.setattr(proc, "run", FakeSsh(255, stderr=stderr))
+    client = CliSlurmClient(remote=SshLink(CFG, control=str(tmp_path)))
+    kind = TransientSlurmError if transient else PermanentSlurmError
+    with pytest.raises(SlurmError) as ei:
+        client.list_jobs("ray-x")
+    assert type(ei.value) is kind
+
+
+class BrokenLink(FakeLink):
+    """Logs in, then loses the connection (or the remote shell hangs)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(None, "")
+        self.error = error
+        self.calls = 0
+
+    def run(self, argv: list[str], **kw: object) -> proc.Result:
+        self.calls += 1
+        if self.calls == 1:
+            return proc.Result(list(argv), 0, "", "")
+        raise self.error
+
+    def missing_commands(self) -> list[str]:
+        self.run(["sh"])
+        return []
+
+
+@pytest.mark.parametrize("error", [
+    SshError("cannot reach the login node h:22: Connection reset", transient=True),
+    proc.CommandTimeout(["sh"], "sh timed out after 30s"),
+])
+def test_doctor_over_ssh_says_a_lost_connection_as_a_finding(error: Exception) -> None:
+    from ray_slurm_provider.cli.sshcheck import ssh_findings
+
+    pcfg = config.parse_provider({"ssh": {"host": "h"}})
+    found = ssh_findings(pcfg, BrokenLink(error))  # type: ignore[arg-type]
+    assert [f.level for f in found] == ["ok", "fail"]
+    assert str(error) in found[-1].message
