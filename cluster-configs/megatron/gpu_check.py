@@ -230,9 +230,11 @@ def prepare() -> None:
     """On a connected machine: .whl/ with the cp312 megatron-core wheel and a trimmed Ray."""
     WHL.mkdir(exist_ok=True)
     exclude = ROOT / ".git" / "info" / "exclude"
-    if exclude.parent.is_dir() and "/.whl/" not in exclude.read_text():
-        with exclude.open("a") as f:
-            f.write("/.whl/\n")
+    if (ROOT / ".git").is_dir():  # a fresh clone may have no info/exclude yet
+        exclude.parent.mkdir(exist_ok=True)
+        if not exclude.exists() or "/.whl/" not in exclude.read_text():
+            with exclude.open("a") as f:
+                f.write("/.whl/\n")
     plat = ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_24_x86_64",
             "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
     dl = Path(tempfile.mkdtemp(prefix="rsp-dl-"))
