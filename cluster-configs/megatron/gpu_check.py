@@ -53,7 +53,9 @@ RAY_DROP = ("ray/rllib/", "ray/data/", "ray/serve/", "ray/llm/", "ray/tune/", "r
 TINY_20 = ["train.train_iters=20"]
 BIG = ["model.num_layers=24", "model.hidden_size=1024", "model.num_attention_heads=16",
        "model.seq_length=2048", "model.vocab_size=32768", "model.bf16=true",
-       "train.micro_batch_size=4", "train.num_microbatches=1", "train.train_iters=10"]
+       "train.micro_batch_size=4", "train.num_microbatches=1", "train.train_iters=10",
+       # The tiny model's 1e-2 made this one diverge on the H200 (loss 10.6 -> 15.3).
+       "optimizer.lr=3e-4"]
 
 
 class Check:

@@ -15,6 +15,7 @@ model. When the current value is a number or bool, the new value must be of that
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,10 @@ import yaml
 
 class OverrideError(ValueError):
     pass
+
+
+#: A number in exponent form, e.g. `3e-4`, which PyYAML (YAML 1.1) leaves a string.
+_EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ def parse_override(text: str) -> Override:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise OverrideError(f"override {text!r}: cannot parse value: {e}") from e
+    if isinstance(value, str) and _EXPONENT.match(raw.strip()):
+        value = float(raw)  # YAML 1.1 reads `3e-4` (no dot) as a string
     return Override(_split(key.strip(), text), value, add, text)
 
 

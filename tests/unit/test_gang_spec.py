@@ -120,6 +120,17 @@ def test_parse_override_forms() -> None:
     assert parse_override("+a=1").add
 
 
+@pytest.mark.parametrize(("text", "value"), [
+    ("optimizer.lr=3e-4", 3e-4), ("lr=1E5", 1e5), ("lr=-2.5e-3", -2.5e-3), ("lr=.5e1", 5.0),
+    ("lr=1.0e-4", 1e-4), ("name='3e-4'", "3e-4"), ("name=3e", "3e"), ("name=e5", "e5"),
+])
+def test_numbers_in_exponent_form_are_numbers(text: str, value: object) -> None:
+    """`3e-4` is how a learning rate is written; YAML 1.1 (PyYAML) reads it as a string, so
+    a float field refused it. Quoted, it stays a string."""
+    parsed = parse_override(text).value
+    assert parsed == value and type(parsed) is type(value)
+
+
 def test_placement_group_keeps_the_gang_in_one_gang_node_group(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 16.6: `--placement group` asks Ray for distinct nodes of ONE group (the label the
