@@ -89,6 +89,7 @@ def run(
             stdin=subprocess.DEVNULL if input is None else None,
             capture_output=True,
             text=True,
+            encoding="utf-8",
             errors="replace",
             timeout=timeout,
             env=dict(env) if env is not None else None,

@@ -231,12 +231,17 @@ def step_launcher(c: Check) -> None:
 def prepare() -> None:
     """On a connected machine: .whl/ with the cp312 megatron-core wheel and a trimmed Ray."""
     WHL.mkdir(exist_ok=True)
-    exclude = ROOT / ".git" / "info" / "exclude"
-    if (ROOT / ".git").is_dir():  # a fresh clone may have no info/exclude yet
-        exclude.parent.mkdir(exist_ok=True)
-        if not exclude.exists() or "/.whl/" not in exclude.read_text():
+    git = proc.run(["git", "-C", str(ROOT), "rev-parse", "--git-path", "info/exclude"],
+                   timeout=30, check=False)
+    if git.returncode == 0:  # a worktree's is not under ROOT/.git; a fresh clone may lack it
+        exclude = Path(git.stdout.strip())
+        if not exclude.is_absolute():
+            exclude = ROOT / exclude
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        text = exclude.read_text() if exclude.exists() else ""
+        if "/.whl/" not in text.splitlines():
             with exclude.open("a") as f:
-                f.write("/.whl/\n")
+                f.write(("\n" if text and not text.endswith("\n") else "") + "/.whl/\n")
     plat = ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_24_x86_64",
             "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
     dl = Path(tempfile.mkdtemp(prefix="rsp-dl-"))

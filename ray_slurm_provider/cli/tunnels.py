@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ray_slurm_provider import auth
+from ray_slurm_provider import auth, proc
 from ray_slurm_provider.cli.common import CliError, Cluster
 from ray_slurm_provider.cli.sshcheck import local_version
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
@@ -173,6 +173,8 @@ def open_tunnels(cluster: Cluster) -> list[str]:
                   "this machine can run jobs as you through these tunnels", file=sys.stderr)
     except SshError as e:
         raise CliError(str(e)) from e
+    except proc.CommandError as e:  # ssh itself hung, or a command there failed
+        raise CliError(f"over ssh to {link.cfg.host}: {e}") from e
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append(f"# tunnels over ssh to {link.cfg.host}: 127.0.0.1:{ports['dashboard']} -> "
                  f"dashboard {head.ip}:{head.dashboard_port}, 127.0.0.1:{ports['client']} -> "

@@ -15,6 +15,7 @@ model. When the current value is a number or bool, the new value must be of that
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ class OverrideError(ValueError):
     pass
 
 
-#: A number in exponent form, e.g. `3e-4`, which PyYAML (YAML 1.1) leaves a string.
+#: A number in exponent form, e.g. `3e-4`, which PyYAML (YAML 1.1) leaves a string: read as
+#: a number where the field is a float (a string field keeps `2e71543`, a git hash).
 _EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
@@ -54,8 +56,6 @@ def parse_override(text: str) -> Override:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise OverrideError(f"override {text!r}: cannot parse value: {e}") from e
-    if isinstance(value, str) and _EXPONENT.match(raw.strip()):
-        value = float(raw)  # YAML 1.1 reads `3e-4` (no dot) as a string
     return Override(_split(key.strip(), text), value, add, text)
 
 
@@ -106,8 +106,12 @@ def _check_kind(old: Any, new: Any, text: str) -> Any:
         if isinstance(new, bool) or not isinstance(new, int):
             raise OverrideError(f"override {text!r}: expected an integer, got {new!r}")
     elif isinstance(old, float):
+        if isinstance(new, str) and _EXPONENT.match(new):
+            new = float(new)  # YAML 1.1 reads `3e-4` (no dot) as a string
         if isinstance(new, bool) or not isinstance(new, (int, float)):
             raise OverrideError(f"override {text!r}: expected a number, got {new!r}")
+        if not math.isfinite(new):
+            raise OverrideError(f"override {text!r}: expected a finite number, got {new!r}")
         return float(new)
     return new
 

@@ -29,6 +29,7 @@ from ray_slurm_provider.slurm.client import (
     TransientSlurmError,
     classify,
     is_job_gone,
+    unreachable,
 )
 from ray_slurm_provider.slurm.sacct import Accounting, controller_end
 from ray_slurm_provider.slurm.script import JobSpec, render
@@ -81,9 +82,8 @@ class CliSlurmClient:
                 return self._remote.run(argv, timeout=self._timeout, input=input,
                                         env={"SLURM_TIME_FORMAT": "standard"})
             return proc.run(argv, timeout=self._timeout, input=input, env=self.command_env())
-        except SshError as e:  # a lost connection is worth asking again; a refused login not
-            kind = TransientSlurmError if e.transient else PermanentSlurmError
-            raise kind(str(e), str(e), name) from e
+        except SshError as e:
+            raise unreachable(str(e), e.transient, name) from e
         except proc.CommandNotFound as e:
             raise PermanentSlurmError(
                 f"{argv[0]}: command not found; {_INSTALL_HINT}", command=name) from e

@@ -78,6 +78,13 @@ class PermanentSlurmError(SlurmError):
     """Retrying will not help: invalid partition/account/QOS, limits, bad options."""
 
 
+def unreachable(message: str, transient: bool, command: str) -> SlurmError:
+    """Slurm's commands could not be reached (over SSH, `slurm.ssh.SshError`): worth asking
+    again when the connection failed, not when the login was refused."""
+    kind = TransientSlurmError if transient else PermanentSlurmError
+    return kind(message, message, command)
+
+
 @functools.lru_cache(maxsize=1024)
 def _epoch(stamp: str) -> float | None:
     """Slurm's local "2026-12-01T19:03:08" as a Unix time (None if it is not one)."""

@@ -25,6 +25,7 @@ from ray_slurm_provider.slurm.client import (
     PermanentSlurmError,
     SlurmError,
     classify,
+    unreachable,
 )
 from ray_slurm_provider.slurm.parse import parse_scontrol_records
 from ray_slurm_provider.slurm.ssh import SshError
@@ -171,7 +172,9 @@ class Accounting:
                                        env={"SLURM_TIME_FORMAT": "standard"})
             else:
                 res = proc.run(list(argv), timeout=self._timeout, env=env, check=False)
-        except (proc.CommandError, SshError) as e:
+        except SshError as e:
+            raise unreachable(str(e), e.transient, argv[0]) from e
+        except proc.CommandError as e:
             raise classify(str(e), argv[0]) from e
         said = (res.stderr + "\n" + res.stdout).strip()
         # Both tools print "accounting is disabled" on stdout, sometimes with exit code 0.

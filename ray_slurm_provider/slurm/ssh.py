@@ -50,12 +50,15 @@ class SshError(RuntimeError):
         self.transient = transient
 
 
-#: What ssh prints when the login node refused us: only the user can fix it.
-REFUSALS = ("Host key verification failed", "host key is known", "Permission denied")
-#: What ssh prints when the connection, not the login, failed: worth asking again.
+#: What ssh prints when the login node, or ssh itself, refused us: only the user can fix it.
+REFUSALS = ("Host key verification failed", "host key is known", "Permission denied",
+            "Too many authentication failures", "Unable to negotiate",
+            "Bad owner or permissions", "Bad configuration option", "no such identity")
+#: What ssh prints when the connection failed (named in the one line `explain` gives).
 CONNECTION_FAILURES = ("Connection refused", "Could not resolve", "timed out",
                        "No route to host", "Network is unreachable", "Connection closed",
-                       "Connection reset", "Broken pipe")
+                       "closed by remote host", "Connection reset", "Broken pipe",
+                       "not responding", "Host is down")
 
 
 def destination(cfg: SshConfig) -> str:
@@ -138,17 +141,20 @@ def ssh_argv(cfg: SshConfig, control: str, command: str) -> list[str]:
 
 
 def failure(cfg: SshConfig, stderr: str) -> SshError:
-    """The error for ssh's own failure, transient where the connection failed (a refused
-    key or login never is, whatever else ssh printed)."""
+    """The error for ssh's own failure. Transient unless the login was refused: a
+    connection lost mid-command often says nothing at all (the master, gone to the
+    background, writes its messages nowhere), and asking again costs a few seconds."""
     refused = any(m in stderr for m in REFUSALS)
-    connection = any(m in stderr for m in CONNECTION_FAILURES)
-    return SshError(explain(cfg, stderr), transient=connection and not refused)
+    return SshError(explain(cfg, stderr), transient=not refused)
 
 
 def explain(cfg: SshConfig, stderr: str) -> str:
     """One line naming why ssh itself failed."""
     where = f"{cfg.host}:{cfg.port}"
     text = stderr.strip()
+    if not text:
+        return (f"the connection to the login node {where} ended (ssh exit 255 and no "
+                "message: its shared connection may have closed)")
     if "Host key verification failed" in text or "host key is known" in text:
         if "IDENTIFICATION HAS CHANGED" in text:
             return (f"the host key of {where} is not the one in known_hosts (changed, or "

@@ -120,15 +120,30 @@ def test_parse_override_forms() -> None:
     assert parse_override("+a=1").add
 
 
+@dataclass
+class _Knobs:
+    lr: float = 1e-2
+    tag: str = "main"
+
+
 @pytest.mark.parametrize(("text", "value"), [
-    ("optimizer.lr=3e-4", 3e-4), ("lr=1E5", 1e5), ("lr=-2.5e-3", -2.5e-3), ("lr=.5e1", 5.0),
-    ("lr=1.0e-4", 1e-4), ("name='3e-4'", "3e-4"), ("name=3e", "3e"), ("name=e5", "e5"),
+    ("lr=3e-4", 3e-4), ("lr=1E5", 1e5), ("lr=-2.5e-3", -2.5e-3), ("lr=.5e1", 5.0),
+    ("lr=1.0e-4", 1e-4), ("tag=2e71543", "2e71543"), ("tag='3e-4'", "3e-4"), ("tag=e5", "e5"),
 ])
-def test_numbers_in_exponent_form_are_numbers(text: str, value: object) -> None:
+def test_numbers_in_exponent_form_are_numbers_where_a_number_is_wanted(
+        text: str, value: object) -> None:
     """`3e-4` is how a learning rate is written; YAML 1.1 (PyYAML) reads it as a string, so
-    a float field refused it. Quoted, it stays a string."""
-    parsed = parse_override(text).value
-    assert parsed == value and type(parsed) is type(value)
+    a float field refused it. A string field keeps it (a git hash like 2e71543)."""
+    knobs = _Knobs()
+    apply_overrides(knobs, [text])
+    got = getattr(knobs, text.split("=")[0])
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("text", ["lr=1e999", "lr=-1e999", "lr=.inf", "lr=.nan"])
+def test_a_number_that_is_not_finite_is_refused(text: str) -> None:
+    with pytest.raises(OverrideError, match="expected a finite number"):
+        apply_overrides(_Knobs(), [text])
 
 
 def test_placement_group_keeps_the_gang_in_one_gang_node_group(

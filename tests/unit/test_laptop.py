@@ -254,6 +254,19 @@ def test_a_link_that_points_nowhere_is_named(tmp_path: Path, target: str) -> Non
     assert str(src / "bad") in message or str(src / "loop") in message, message
 
 
+def test_a_link_to_a_directory_that_holds_it_stops_at_once(tmp_path: Path) -> None:
+    """Followed, `sub/up -> ..` would copy the tree into itself until the kernel's limit of
+    40 links (a big data directory beside such a link: 40 copies in memory)."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "data.bin").write_bytes(b"x" * 1000)
+    (src / "sub" / "up").symlink_to(src)
+    with pytest.raises(click.ClickException) as ei:
+        laptop.pack(str(src))
+    assert ei.value.format_message() == (
+        f"file_mounts: {src / 'sub' / 'up'} links to a directory that holds it")
+
+
 class LostLink:
     """An SshLink whose connection is gone (or whose call outran its time)."""
 

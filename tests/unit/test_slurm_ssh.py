@@ -21,6 +21,7 @@ from ray_slurm_provider import config, proc
 from ray_slurm_provider.config import SshConfig
 from ray_slurm_provider.slurm import ssh as sshlink
 from ray_slurm_provider.slurm.cli import CliSlurmClient
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.client import PermanentSlurmError, SlurmError, TransientSlurmError
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
 from ray_slurm_provider.state import ClusterDir
@@ -406,18 +407,28 @@ def test_closing_tunnels_never_removes_the_clusters_own_token(
     ("me@h: Permission denied (publickey).", False),
     ("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nHost key verification failed."
      "\nConnection closed", False),
-    ("kex_exchange_identification: banner line contains invalid characters", False),
+    ("Connection to login.example.org closed by remote host.", True),
+    ("Timeout, server login.example.org not responding.", True),
+    ("", True),  # the shared master died mid-command: it writes its messages nowhere
+    ("kex_exchange_identification: read: Connection reset by peer", True),
+    ("Received disconnect from h port 22:2: Too many authentication failures", False),
+    ("Unable to negotiate with h port 22: no matching host key type found", False),
 ])
 def test_only_a_failed_connection_is_worth_asking_again(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, stderr: str, transient: bool) -> None:
-    """The CLI back end (and the retries above it) asks Slurm again only where ssh could not
-    connect; a refused key or host key stops at once with ssh's reason."""
+    """The CLI back end and sacct (and the retries above them) ask Slurm again where the
+    connection failed or was lost; a refused key or host key stops at once with ssh's
+    reason."""
     monkeypatch.setattr(sshlink, "fingerprints", lambda cfg: [])
     monkeypatch.setattr(proc, "run", FakeSsh(255, stderr=stderr))
-    client = CliSlurmClient(remote=SshLink(CFG, control=str(tmp_path)))
+    link = SshLink(CFG, control=str(tmp_path))
     kind = TransientSlurmError if transient else PermanentSlurmError
     with pytest.raises(SlurmError) as ei:
-        client.list_jobs("ray-x")
+        CliSlurmClient(remote=link).list_jobs("ray-x")
+    assert type(ei.value) is kind
+    assert "\n" not in str(ei.value)
+    with pytest.raises(SlurmError) as ei:
+        Accounting(remote=link).ended_job("7")
     assert type(ei.value) is kind
 
 
@@ -445,9 +456,16 @@ class BrokenLink(FakeLink):
     proc.CommandTimeout(["sh"], "sh timed out after 30s"),
 ])
 def test_doctor_over_ssh_says_a_lost_connection_as_a_finding(error: Exception) -> None:
-    from ray_slurm_provider.cli.sshcheck import ssh_findings
+    from ray_slurm_provider.cli.sshcheck import _version, ssh_findings
 
     pcfg = config.parse_provider({"ssh": {"host": "h"}})
     found = ssh_findings(pcfg, BrokenLink(error))  # type: ignore[arg-type]
     assert [f.level for f in found] == ["ok", "fail"]
     assert str(error) in found[-1].message
+
+    class NoVersion(FakeLink):
+        def package_version(self, python: str) -> str | None:
+            raise error
+
+    version = _version(pcfg, NoVersion(None, ""))  # type: ignore[arg-type]
+    assert version.level == "fail" and str(error) in version.message
