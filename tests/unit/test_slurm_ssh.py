@@ -21,8 +21,8 @@ from ray_slurm_provider import config, proc
 from ray_slurm_provider.config import SshConfig
 from ray_slurm_provider.slurm import ssh as sshlink
 from ray_slurm_provider.slurm.cli import CliSlurmClient
-from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.client import PermanentSlurmError, SlurmError, TransientSlurmError
+from ray_slurm_provider.slurm.sacct import Accounting
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
 from ray_slurm_provider.state import ClusterDir
 
