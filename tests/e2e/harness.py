@@ -7,13 +7,14 @@ the repository root, so `tests.e2e` imports there as it does under pytest).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,21 @@ class RayCluster:
         ids = [j for j, _ in self.jobs()]
         if ids:
             subprocess.run(["scancel", *ids], timeout=30, check=False, env=self.env())
+
+
+@contextlib.contextmanager
+def brought_up(cluster: RayCluster) -> Iterator[float]:
+    """`ray up` (yields the seconds it took); then, whatever the tests did, `ray down` and
+    whatever the cluster still has cancelled."""
+    try:
+        yield cluster.up()
+    finally:
+        cluster.down()
+        cluster.cleanup()
+
+
+def printed(out: str, tag: str) -> list[str]:
+    """The words after `tag` on the first line of `out` that starts with it (what a job's
+    entrypoint printed, e.g. `print('NODES', a, b)`)."""
+    line = next(x for x in out.splitlines() if x.startswith(tag + " "))
+    return line.split()[1:]

@@ -27,7 +27,7 @@ import pytest
 from ray_slurm_provider.sandbox import Sandbox, roots
 from ray_slurm_provider.sandbox.users import SandboxUser
 from tests.e2e import procfs
-from tests.e2e.harness import ROOT, wait_for
+from tests.e2e.harness import ROOT, brought_up, printed, wait_for
 from tests.e2e.users import UserCluster, chown_tree, load_config, user_venv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apptainer]
@@ -88,13 +88,10 @@ def cluster(sandbox: Sandbox) -> Iterator[UserCluster]:
     c = UserCluster(user, venv, NAME, config, sandbox.env())
     STATE.update(image=image, log=log)
     try:
-        t0 = time.monotonic()
-        c.up()
-        STATE["ray up s"] = round(time.monotonic() - t0, 1)
-        yield c
+        with brought_up(c) as took:
+            STATE["ray up s"] = round(took, 1)
+            yield c
     finally:
-        c.down()
-        c.cleanup()
         print("STATE", STATE)
 
 
@@ -139,8 +136,7 @@ def test_an_autoscaled_worker_runs_in_its_own_container(cluster: UserCluster) ->
         "f = ray.remote(num_cpus=1)(lambda: (os.environ.get('APPTAINER_CONTAINER'),"
         " os.environ['SLURM_JOB_ID']));"
         "print('WHERE', *ray.get(f.remote()))", timeout=600)
-    line = next(ln for ln in out.splitlines() if ln.startswith("WHERE"))
-    _, where, job = line.split()
+    where, job = printed(out, "WHERE")
     assert where == image
     assert job != str(cluster.head()["job_id"])
     assert job in container_procs(cluster.user, image).values()

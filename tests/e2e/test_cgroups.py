@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from ray_slurm_provider.sandbox import Sandbox, files
-from tests.e2e.harness import ROOT, RayCluster
+from tests.e2e.harness import ROOT, RayCluster, brought_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cgroups]
 WHERE = """
@@ -56,12 +56,8 @@ def cluster(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Itera
     t["cpu_worker"]["node_config"]["mem"] = "1500M"
     t["cpu_worker"]["resources"] = {"CPU": 1}
     c = RayCluster(tmp_path_factory.mktemp("cg"), "cgroups", cfg)
-    try:
-        c.up()
+    with brought_up(c):
         yield c
-    finally:
-        c.down()
-        c.cleanup()
 
 
 def cpu_ids(job_id: str) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ray_slurm_provider.sandbox import Sandbox
-from tests.e2e.harness import RAY_DEFAULT_TICK, ROOT, RayCluster
+from tests.e2e.harness import RAY_DEFAULT_TICK, ROOT, RayCluster, brought_up
 from tests.e2e.outage import outage
 
 pytestmark = [pytest.mark.e2e]
@@ -36,12 +36,8 @@ def cluster(sandbox: Sandbox, workdir: Path) -> Iterator[RayCluster]:
     cfg["available_node_types"]["cpu_worker"]["max_workers"] = 2
     c = RayCluster(workdir, "hard-rest", cfg)
     c.extra_env.update(RAY_DEFAULT_TICK)  # its tests count ticks
-    try:
-        c.up()
+    with brought_up(c):
         yield c
-    finally:
-        c.down()
-        c.cleanup()
 
 
 def test_slurmrestd_outage_loses_nothing(cluster: RayCluster, sandbox: Sandbox,

@@ -24,7 +24,7 @@ import yaml
 
 from ray_slurm_provider.jobs import temp_dir
 from tests.e2e import browser, procfs
-from tests.e2e.harness import RAY, ROOT, RayCluster, squeue, wait_for
+from tests.e2e.harness import RAY, ROOT, RayCluster, printed, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox.yaml"
@@ -277,8 +277,7 @@ def test_second_cluster_runs_beside_the_first(cluster: RayCluster,
             "node = lambda: ray.get_runtime_context().get_node_id();"
             "f = ray.remote(num_cpus=1)(node);"
             "print('NODES', node(), ray.get(f.remote()))", timeout=600)
-        line = next(x for x in out.splitlines() if x.startswith("NODES "))
-        head_node, task_node = line.split()[1:]
+        head_node, task_node = printed(out, "NODES")
         assert task_node != head_node, out
         assert leftover.read_text() == "leftover" * 8
         other.down()

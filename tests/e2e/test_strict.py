@@ -27,7 +27,7 @@ import yaml
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.provider.submit import SUBMIT_TAG
 from ray_slurm_provider.sandbox import Sandbox, files, strict
-from tests.e2e.harness import ROOT, wait_for
+from tests.e2e.harness import ROOT, brought_up, wait_for
 from tests.e2e.users import UserCluster, user_venv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.strict]
@@ -110,13 +110,10 @@ def cluster(strict_sandbox: Sandbox) -> Iterator[UserCluster]:
     # counts: the crash test would pass on them without a crash of its own.
     (c.cdir.root / "errors.json").unlink(missing_ok=True)
     try:
-        t0 = time.monotonic()
-        c.up()
-        FIGURES["ray up s"] = round(time.monotonic() - t0, 1)
-        yield c
+        with brought_up(c) as took:
+            FIGURES["ray up s"] = round(took, 1)
+            yield c
     finally:
-        c.down()
-        c.cleanup()
         print("STRICT", json.dumps(FIGURES, sort_keys=True))
 
 
