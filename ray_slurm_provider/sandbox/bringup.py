@@ -4,10 +4,19 @@ slurmds (until sinfo calls every node ready), slurmrestd, sshd (the login node).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from ray_slurm_provider.sandbox import accounting, daemons, probes
 from ray_slurm_provider.sandbox.config import SandboxSpec
 from ray_slurm_provider.sandbox.layout import Layout
-from ray_slurm_provider.sandbox.procs import Entry, Registry, SandboxError, is_ours
+from ray_slurm_provider.sandbox.procs import (
+    Entry,
+    Registry,
+    SandboxError,
+    cmdline,
+    exists,
+    is_ours,
+)
 
 
 def start_missing(layout: Layout, spec: SandboxSpec, registry: Registry,
@@ -26,7 +35,7 @@ def start_missing(layout: Layout, spec: SandboxSpec, registry: Registry,
     for name in [n for n in names if n.startswith("slurmd:")]:
         started[name] = daemons.start(name, layout, spec, registry)
     wait_nodes(layout, {n: started.get(n) or alive[n] for n in daemons.daemon_names(spec)
-                        if n.startswith("slurmd:")})
+                        if n.startswith("slurmd:")}, children=set(started))
     if "slurmrestd" in names:
         started["slurmrestd"] = daemons.start("slurmrestd", layout, spec, registry)
         daemons.wait_ready("slurmrestd", layout, spec, started["slurmrestd"])
@@ -37,16 +46,22 @@ def start_missing(layout: Layout, spec: SandboxSpec, registry: Registry,
         daemons.wait_ready("dockerd", layout, spec, started["dockerd"])
 
 
-def wait_nodes(layout: Layout, slurmds: dict[str, Entry]) -> None:
-    """Wait until sinfo calls every node of `slurmds` ready; fail at once if one exits."""
+def wait_nodes(layout: Layout, slurmds: dict[str, Entry],
+               children: Collection[str] = ()) -> None:
+    """Wait until sinfo calls every node of `slurmds` ready; fail at once if one exits.
+    `children`: the names this process started, whose pids no other process can have
+    until they are reaped; for them only their end counts, not the command line (a slurmd
+    starting up once failed that check while it ran)."""
     env = daemons.client_env(layout)
     states: dict[str, str] = {}
 
     def all_ready() -> bool:
         nonlocal states
         for name, entry in slurmds.items():
-            if not is_ours(entry):
-                raise SandboxError(f"{name} (pid {entry.pid}) exited during startup\n"
+            running = exists(entry.pid) if name in children else is_ours(entry)
+            if not running:
+                raise SandboxError(f"{name} (pid {entry.pid}) exited during startup "
+                                   f"(seen: {cmdline(entry.pid) or 'no process'})\n"
                                    + daemons.describe_failure(name, layout))
         states = probes.node_states(env)
         return all(probes.node_ready(states.get(n.split(":", 1)[1], "unk")) for n in slurmds)

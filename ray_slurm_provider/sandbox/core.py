@@ -262,7 +262,8 @@ class Sandbox:
                 # A restarted controller shows nodes "unk" until their slurmd re-registers.
                 entries = self._registry.load()
                 bringup.wait_nodes(self.layout, {n: e for n, e in entries.items()
-                                                 if n.startswith("slurmd:") and is_ours(e)})
+                                                 if n.startswith("slurmd:") and is_ours(e)},
+                                   children={name})
 
     def _saved_spec(self) -> SandboxSpec:
         spec = files.read_spec(self.layout)
