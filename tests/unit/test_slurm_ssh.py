@@ -469,3 +469,22 @@ def test_doctor_over_ssh_says_a_lost_connection_as_a_finding(error: Exception) -
 
     version = _version(pcfg, NoVersion(None, ""))  # type: ignore[arg-type]
     assert version.level == "fail" and str(error) in version.message
+
+
+def test_env_says_a_hung_ssh_in_one_line(tmp_path: Path) -> None:
+    from ray_slurm_provider.cli import common, tunnels
+
+    class Hung:
+        cfg = CFG
+
+        def package_version(self, python: str) -> str | None:
+            raise proc.CommandTimeout(["ssh"], "ssh timed out after 60s")
+
+    cfg = {"cluster_name": "c", "provider": {"type": "external", "python": "python3",
+                                              "ssh": {"host": CFG.host}}}
+    pcfg = config.parse_provider(cfg["provider"])  # type: ignore[arg-type]
+    cluster = common.Cluster("c.yaml", cfg, pcfg, ClusterDir(str(tmp_path / "unused"), "c"))
+    cluster.__dict__["remote"] = Hung()
+    with pytest.raises(common.CliError) as ei:
+        tunnels.open_tunnels(cluster)
+    assert str(ei.value) == f"over ssh to {CFG.host}: ssh timed out after 60s"
