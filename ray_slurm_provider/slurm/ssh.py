@@ -167,7 +167,7 @@ def explain(cfg: SshConfig, stderr: str) -> str:
     for marker in CONNECTION_FAILURES:
         if marker in text:
             return f"cannot reach the login node {where}: {marker}"
-    last = text.splitlines()[-1] if text else "ssh failed"
+    last = text.splitlines()[-1]
     return f"ssh to {where} failed: {last}"
 
 
