@@ -132,6 +132,7 @@ def build_job(
         temp_dir_root=pcfg.temp_dir_root,
         node_ip_interface=pcfg.node_ip_interface,
         drain_timeout_s=pcfg.drain_timeout_s,
+        drain_before_limit_s=ncfg.drain_before_limit_s,
         ray_logs_max_mb=pcfg.ray_logs_max_mb,
         attempts=pcfg.ray_start_attempts,
         head_start_timeout_s=pcfg.head_start_timeout_s,

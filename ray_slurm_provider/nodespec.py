@@ -61,6 +61,7 @@ class NodeSpec:
     temp_dir_root: str = "/tmp"
     node_ip_interface: str | None = None
     drain_timeout_s: int = 5
+    drain_before_limit_s: int = 0  # node_config's: Slurm's TERM this long before the limit
     ray_logs_max_mb: int = 100  # 0: Ray's logs go with the node-local temp dir
     attempts: int = 3
     head_start_timeout_s: int = 1800

@@ -12,6 +12,7 @@ only for its node's address and, with a container, which of the cluster's jobs s
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -161,11 +162,17 @@ class Agent:
         return f"Ray stopped: {self.stop_reason or self.signal_reason()}"
 
     def signal_reason(self) -> str:
-        """Why Slurm sent the TERM: its time limit (where Slurm gives the job its end time,
-        SLURM_JOB_END_TIME), else a cancel."""
+        """Why Slurm sent the TERM: its time limit, or the drain before it (where Slurm gives
+        the job its end time, SLURM_JOB_END_TIME), else a cancel."""
         end = self.env.get("SLURM_JOB_END_TIME", "")
-        if end.isdigit() and time.time() >= int(end) - 60:  # Slurm's TERM comes on time
+        left = int(end) - time.time() if end.isdigit() else math.inf
+        if left <= 60:  # Slurm's TERM at the limit comes on time
             return "the job reached its time limit"
+        # `--signal=B:TERM@<s>` comes up to a minute early (Slurm's event resolution).
+        drain = self.spec.drain_before_limit_s
+        if drain and left <= drain + 60:
+            return (f"the job is {left / 60:.0f} min from its time limit "
+                    f"(drain_before_limit_s: {drain})")
         cancelled = "the job was cancelled (terminated by the autoscaler, scancel or `ray down`)"
         if self.spec.group_size > 1:  # srun also ends every member when one fails
             return f"{cancelled}, or another member of its gang ended"

@@ -100,7 +100,9 @@ class WorkerAgent(Agent):
             log(f"Ray exited with code {code} on its own; ending the whole gang job")
             return code or 1
         log(f"{self.ray_ended(code)}; the job ends")
-        return code
+        # A stop the job was told of ends it cleanly: with Ray's exit code (1 after the TERM,
+        # 247 without a head) Slurm would record FAILED, a failure on every dashboard.
+        return 0 if self.terminating else code
 
     def watch_head(self) -> bool:
         """End this worker's job soon after its head is gone, or its job is (headwatch.py),

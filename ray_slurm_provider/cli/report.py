@@ -48,6 +48,9 @@ from ray_slurm_provider.units import fmt_duration
 END_OF = {"CANCELLED": "scancel", "TIMEOUT": "walltime", "DEADLINE": "walltime",
           "PREEMPTED": "preemption", "NODE_FAIL": "node failure", "BOOT_FAIL": "node failure",
           "FAILED": "failure", "OUT_OF_MEMORY": "failure", "COMPLETED": "completed"}
+#: Final states a stop of ours can cause too: a cancel, or a node agent that ended its job
+#: with an error code while it was being stopped (Slurm then says FAILED).
+BY_ANYONE = frozenset({"CANCELLED", "COMPLETED", "FAILED", "OUT_OF_MEMORY"})
 #: The columns of the ended-by counts, in order.
 ENDS = (BY_AUTOSCALER, BY_DOWN, "scancel", "walltime", "preemption", "node failure",
         "failure", "completed", "unknown")
@@ -56,13 +59,13 @@ ASK_AT_MOST = 200
 
 
 def end_of(rec: JobRecord) -> str:
-    """Who ended the job: Slurm, where its final state says it did (the time limit, a
-    preemption, a failure: a cancel of ours after that changed nothing); else the
-    provider's cancel; else Slurm's final state; "" while active."""
-    if rec.state in END_OF and rec.state not in ("CANCELLED", "COMPLETED"):
+    """Who ended the job: Slurm, where its final state says only Slurm could (the time
+    limit, a preemption, a node failure: a cancel of ours after that changed nothing); else
+    the provider's cancel; else Slurm's final state; "" while active."""
+    if rec.state in END_OF and rec.state not in BY_ANYONE:
         return END_OF[rec.state]
     # Our cancel counts unless Slurm had ended the job before it was sent (Ray's terminate
-    # call for a node whose job a user had just scancelled).
+    # call for a node whose job a user had just scancelled, or that had failed).
     if rec.by and not (rec.slurm_end and rec.slurm_end < rec.cancelled - 1.0):
         return rec.by
     if rec.state in END_OF:

@@ -3,6 +3,7 @@ of reads as a stop, not as a failure. In-process, fake `ray start` children, no 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,25 +30,37 @@ class StoppedWhileUp(FakeChild):
             self.a.on_head_gone("the head's Ray stopped")
 
 
-@pytest.mark.parametrize(("stop", "end_time", "said"), [
+@pytest.mark.parametrize(("stop", "left_s", "said"), [
     ("term", None, "Ray stopped: the job was cancelled (terminated by the autoscaler, scancel "
      "or `ray down`)"),
-    ("term", "1000", "Ray stopped: the job reached its time limit"),
+    ("term", -5000, "Ray stopped: the job reached its time limit"),
+    # Slurm sends `--signal=B:TERM@60` up to a minute early (its event resolution).
+    ("term", 110, "Ray stopped: the job is 2 min from its time limit (drain_before_limit_s: "
+     "60)"),
     ("head", None, "Ray stopped: the head's Ray stopped"),
 ])
-def test_a_worker_told_to_stop_says_so_not_that_ray_failed(
+def test_a_worker_told_to_stop_says_so_and_ends_its_job_cleanly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-        stop: str, end_time: str | None, said: str) -> None:
-    """A worker the autoscaler terminated logged "Ray exited with code 1"."""
+        stop: str, left_s: int | None, said: str) -> None:
+    """A worker the autoscaler terminated logged "Ray exited with code 1", and its job
+    ended with that code: FAILED in accounting (247 when its head was gone), a failure in
+    `ray-slurm report` and on the site's dashboards, for a stop the job was told of."""
     a, _ = agent(tmp_path, monkeypatch, [])
-    if end_time is not None:
-        a.env["SLURM_JOB_END_TIME"] = end_time  # long past: Slurm's TERM at the time limit
+    a.spec.drain_before_limit_s = 60
+    if left_s is not None:
+        a.env["SLURM_JOB_END_TIME"] = str(int(time.time()) + left_s)
     monkeypatch.setattr("ray_slurm_provider.proc.start",
                         lambda argv, env=None, new_session=False: StoppedWhileUp(a, stop))
-    a.run()
+    assert a.run() == 0
     out = capsys.readouterr().out
     assert f"{said}; the job ends" in out
     assert "exited with code" not in out
+
+
+def test_ray_ending_on_its_own_ends_the_job_with_its_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = agent(tmp_path, monkeypatch, [FakeChild(["Ray runtime started.\n"], 3)])
+    assert a.run() == 3
 
 
 def test_ray_ending_on_its_own_still_says_its_exit_code(

@@ -316,3 +316,22 @@ def test_a_cancel_after_slurm_ended_the_job_is_not_who_ended_it(tmp_path: Path) 
     assert end_of(rec) == "autoscaler"
     rec.state = "PREEMPTED"
     assert end_of(rec) == "preemption"
+
+
+def test_a_job_that_failed_as_we_stopped_it_was_ended_by_us() -> None:
+    """Slurm says FAILED for a worker whose agent ended the job with an error code while
+    `ray down` or the autoscaler stopped it (seen on 25.11 with accounting): the stop ended
+    it. A failure before our cancel is the job's own."""
+    from ray_slurm_provider.cli.report import end_of
+    from ray_slurm_provider.provider.history import JobRecord
+
+    rec = JobRecord("1", by="ray down", cancelled=T0 + 10, slurm_end=T0 + 10.3,
+                    state="FAILED", ended=T0 + 12)
+    assert end_of(rec) == "ray down"
+    rec.state = "OUT_OF_MEMORY"
+    assert end_of(rec) == "ray down"
+    rec.slurm_end = T0 + 5  # it failed first; the cancel found it ending
+    assert end_of(rec) == "failure"
+    rec.by = ""
+    rec.slurm_end = T0 + 10.3
+    assert end_of(rec) == "failure"
