@@ -11,8 +11,9 @@
 #      built once against it) and 26.05 (a Debian root), both built once into the cache: the
 #      Slurm integration suites (CLI and REST; on 25.11 pyslurm too) and the core `ray up`
 #      lifecycle (on 25.11 also over pyslurm); on 26.05 also Ray in Apptainer as an
-#      ordinary user (tests/e2e/test_apptainer.py); then 25.11 --strict (rate limits,
-#      MinJobAge=30, PrivateData=jobs): a cluster of its sandbox user (tests/e2e/test_strict.py)
+#      ordinary user (tests/e2e/test_apptainer.py); then 25.11 --strict --accounting (rate
+#      limits, MinJobAge=30, PrivateData=jobs, slurmdbd): a cluster of its sandbox user
+#      (tests/e2e/test_strict.py)
 #   3. Slurm 22.05 with accounting (slurmdbd on MariaDB, QOSes, typed GPUs): tests/accounting
 # Extra arguments go to pytest in every phase (and to phase 1's unit run).
 #   RAY_SLURM_SANDBOX_DIR  phase 1's sandbox state dir (default /tmp/rsp-sandbox; phases 2-3
@@ -152,9 +153,12 @@ for p in $PHASES; do
        wait "$unit_pid" || FAILED+=("unit tests") ;;
     2) # 25.11 replaces 24.11 (`--slurm 24.11` stays available), with pyslurm built against it
        # (the pyslurm transport runs in its integration and lifecycle suites); one sandbox user.
+       # The REST outage runs in phase 1; here the head's autoscaler speaks pyslurm.
        phase "Slurm 25.11, pyslurm" "$MAIN_DIR-25.11" \
          "--slurm 25.11 --pyslurm --users 1 --port-offset $((OFFSET + 100))" \
-         -m 'not gpu' "${MATRIX[@]}" "$@" || FAILED+=("Slurm 25.11, pyslurm")
+         -m 'not gpu' "${MATRIX[@]}" \
+         "tests/e2e/test_outage_transports.py::test_outage_loses_nothing[pyslurm]" "$@" \
+         || FAILED+=("Slurm 25.11, pyslurm")
        # 26.05's root packages Apptainer, which runs as an ordinary user: one sandbox user.
        phase "Slurm 26.05, apptainer" "$MAIN_DIR-26.05" \
          "--slurm 26.05 --users 1 --port-offset $((OFFSET + 200))" \
@@ -162,10 +166,14 @@ for p in $PHASES; do
          || FAILED+=("Slurm 26.05")
        # A strict controller (issue 29): rate limiting, MinJobAge and PrivateData exempt root,
        # so its module runs the cluster as the one sandbox user; 4 CPUs a node: 8 workers
-       # beside the head. Its own sandbox: the matrix above runs as root on a plain one.
-       phase "Slurm 25.11 strict" "$MAIN_DIR-strict" \
-         "--slurm 25.11 --users 1 --strict --cpus-per-node 4 --port-offset $((OFFSET + 400))" \
-         -m 'not gpu' tests/e2e/test_strict.py "$@" || FAILED+=("Slurm 25.11 strict") ;;
+       # beside the head and a drained worker. Its own sandbox: the matrix above runs as root
+       # on a plain one. With accounting (slurmdbd 25.11): sacct knows the jobs MinJobAge
+       # purged from the controller.
+       phase "Slurm 25.11 strict, accounting" "$MAIN_DIR-strict" \
+         "--slurm 25.11 --accounting --users 1 --strict --cpus-per-node 4 \
+          --port-offset $((OFFSET + 400))" \
+         -m 'not gpu' tests/e2e/test_strict.py "$@" \
+         || FAILED+=("Slurm 25.11 strict, accounting") ;;
     3) name="Slurm 22.05 with accounting"
        phase "$name" "$MAIN_DIR-acct" "--accounting --users 2 --port-offset $((OFFSET + 300))" \
          -m accounting tests/accounting "$@" || FAILED+=("$name")

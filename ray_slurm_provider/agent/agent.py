@@ -166,13 +166,13 @@ class Agent:
         the job its end time, SLURM_JOB_END_TIME), else a cancel."""
         end = self.env.get("SLURM_JOB_END_TIME", "")
         left = int(end) - time.time() if end.isdigit() else math.inf
-        if left <= 60:  # Slurm's TERM at the limit comes on time
-            return "the job reached its time limit"
         # `--signal=B:TERM@<s>` comes up to a minute early (Slurm's event resolution).
         drain = self.spec.drain_before_limit_s
-        if drain and left <= drain + 60:
+        if drain and 0 < left <= drain + 60:
             return (f"the job is {left / 60:.0f} min from its time limit "
                     f"(drain_before_limit_s: {drain})")
+        if left <= 60:  # Slurm's TERM at the limit comes on time
+            return "the job reached its time limit"
         cancelled = "the job was cancelled (terminated by the autoscaler, scancel or `ray down`)"
         if self.spec.group_size > 1:  # srun also ends every member when one fails
             return f"{cancelled}, or another member of its gang ended"

@@ -22,6 +22,7 @@ import yaml
 
 from ray_slurm_provider.jobs import job_name, temp_dir
 from ray_slurm_provider.ports import port_block
+from ray_slurm_provider.sandbox import Sandbox, SandboxError
 from ray_slurm_provider.state import ClusterDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,19 @@ TICK_MARK = "Dropping the empty legacy field head_node"
 #: Ray's own autoscaler tick (tests/conftest.py makes the test clusters' faster), for the
 #: clusters whose tests count ticks: `cluster.extra_env.update(RAY_DEFAULT_TICK)`.
 RAY_DEFAULT_TICK = {"AUTOSCALER_UPDATE_INTERVAL_S": "5"}
+
+
+def apis() -> list[str]:
+    """The transports besides the CLI a cluster of this sandbox can use: rest; pyslurm too on
+    a sandbox started with --pyslurm (known at collection: CI starts the sandbox before
+    pytest, and a skip there is a failure)."""
+    try:
+        pyslurm = Sandbox.from_state_dir().spec.pyslurm
+    except (SandboxError, ValueError, OSError):
+        pyslurm = False
+    return ["rest", *(["pyslurm"] if pyslurm else [])]
+
+
 _LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 
 

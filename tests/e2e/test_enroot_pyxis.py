@@ -5,7 +5,10 @@
 One cluster per runtime, shared by the module's tests in order. Checks: the head's raylet runs
 in a mount namespace other than the host's and its job's; `ray exec` enters the head's
 container; tasks, an actor, put/get/wait and a placement group run on an autoscaled worker,
-in its container; `scancel` of that worker, then `ray down`, leave no job, no Ray process,
+in its container; a worker drained before its time limit (Slurm's signal) is replaced while
+a driver's steps go on, and its container goes with it; a sandbox user's cluster of the same
+name on the head's node keeps its containers and data apart from root's, and its `ray down`
+leaves root's alone; `scancel` of a worker, then `ray down`, leave no job, no Ray process,
 no enroot container and no unpacked root filesystem.
 """
 
@@ -20,17 +23,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.sandbox import Sandbox, image
-from tests.e2e import procfs
-from tests.e2e.harness import ROOT, RayCluster, wait_for
+from tests.e2e import drivers, procfs
+from tests.e2e.faults import Driver, run_time_s, show_job
+from tests.e2e.harness import ROOT, RayCluster, brought_up, wait_for
+from tests.e2e.users import UserCluster, user_venv
 from tests.integration.test_pyxis_sandbox import leftovers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pyxis]
 TIMINGS: dict[str, float] = {}
 #: Jobs each cluster ran (head and workers), for the checks after `ray down`.
 JOBS: dict[str, set[str]] = {}
+#: The walltime driver of each cluster.
+WALL: dict[str, Driver] = {}
 #: How long a job's end may take to clear its container (pyxis: the job's epilog).
 CLEAN_S = 60.0
 WORKLOAD = """
@@ -114,7 +122,15 @@ def cluster(request: pytest.FixtureRequest, sandbox: Sandbox,
                              ROOT / "cluster-configs" / f"sandbox-{rt}.yaml")
     config = c.path.read_text().replace("/tmp/rsp-sandbox/shared/rsp-bind.sqsh", sqsh)
     assert sqsh in config  # the example's image, at this sandbox's state dir
-    c.path.write_text(config)
+    cfg = yaml.safe_load(config)
+    types = cfg["available_node_types"]
+    # Time limit 2 minutes: Slurm signals it 60 s before, Ray drains, a replacement follows.
+    types["short_worker"] = {
+        "resources": {"CPU": 0, "short": 1}, "min_workers": 0, "max_workers": 1,
+        "node_config": {**types["cpu_worker"]["node_config"], "time": "2",
+                        "drain_before_limit_s": 60}}
+    cfg["max_workers"] += 1
+    c.path.write_text(yaml.safe_dump(cfg))
     JOBS[rt] = set()
     try:
         TIMINGS[f"{rt}: ray up"] = c.up()
@@ -128,6 +144,12 @@ def cluster(request: pytest.FixtureRequest, sandbox: Sandbox,
 
 def runtime(cluster: RayCluster) -> str:
     return cluster.name.rsplit("-", 1)[1]
+
+
+def test_walltime_driver_starts(cluster: RayCluster) -> None:
+    """Steps on `short_worker` nodes until three ran on a node other than the first (checked
+    by test_walltime_drains_..., the tests between run meanwhile)."""
+    WALL[runtime(cluster)] = Driver(cluster, drivers.WALLTIME.format(seconds=420))
 
 
 def test_the_heads_raylet_runs_in_a_mount_namespace_of_its_own(cluster: RayCluster) -> None:
@@ -179,6 +201,65 @@ def test_scancel_of_a_worker_leaves_nothing_of_it(cluster: RayCluster, sandbox: 
     left = settle(sandbox, cluster, {job})
     assert not left, f"left of job {job} after {CLEAN_S:.0f}s: {left}"
     TIMINGS[f"{runtime(cluster)}: scancel -> nothing left"] = time.monotonic() - t0
+
+
+def test_walltime_drains_and_replaces_without_losing_tasks(cluster: RayCluster,
+                                                         sandbox: Sandbox) -> None:
+    d = WALL[runtime(cluster)]
+    wait_for(d.done, 600, "the walltime driver", every=2)
+    assert d.status() == "SUCCEEDED", d.why()
+    res = json.loads(d.result("WALL_RESULT"))
+    res["jobs"].sort(key=lambda j: [int(x) for x in j.split("_")])
+    JOBS[runtime(cluster)] |= set(res["jobs"])
+    assert res["ids"] == list(range(len(res["ids"])))  # every step ran, in order
+    assert len(res["jobs"]) >= 2, res  # the first node left, a replacement took over
+    first = show_job(res["jobs"][0])
+    log = cluster.cdir.log(res["jobs"][0]).read_text()
+    assert first["JobState"] == "COMPLETED" and "signal 15" in log, (first, log[-2000:])
+    assert run_time_s(first) < 120, first
+    left = settle(sandbox, cluster, {res["jobs"][0]})
+    assert not left, f"left of the drained worker after {CLEAN_S:.0f}s: {left}"
+
+
+def shared_node(cluster: RayCluster) -> str:
+    """A node that runs a job of `cluster` and has a CPU free for another head."""
+    out = subprocess.run(["squeue", "-h", f"--name={cluster.job_name}", "-t", "RUNNING",
+                          "-o", "%N"], capture_output=True, text=True, timeout=30,
+                         check=True).stdout.split()
+    idle = {ln.split()[0]: int(ln.split()[1].split("/")[1]) for ln in subprocess.run(
+        ["sinfo", "-h", "-N", "-p", "cpu", "-o", "%N %C"], capture_output=True, text=True,
+        timeout=30, check=True).stdout.splitlines()}
+    ours = [n for n in sorted(set(out)) if idle.get(n, 0) > 0]
+    assert ours, (out, idle)
+    return ours[0]
+
+
+def test_a_user_runs_a_cluster_of_the_same_name_beside_it(cluster: RayCluster,
+                                                         sandbox: Sandbox) -> None:
+    """Same cluster name, on a node where root's cluster runs containers: the user's
+    containers and unpacked roots live under the user's own enroot paths, and the user's
+    `ray down` leaves root's alone."""
+    user = sandbox.users()[0]
+    root_head = str(cluster.head()["job_id"])
+    root_had = left_of(sandbox, cluster, {root_head})
+    assert root_had  # the container of root's head
+    node = shared_node(cluster)
+    cfg = yaml.safe_load(cluster.path.read_text())
+    cfg["available_node_types"]["head"]["node_config"]["nodelist"] = node
+    theirs = UserCluster(user, user_venv(sandbox), cluster.name, cfg, sandbox.env())
+    t0 = time.monotonic()
+    with brought_up(theirs):
+        head = str(theirs.head()["job_id"])
+        out = theirs.ray("exec", str(theirs.path),
+                         "test -d /var/lib || echo IN_IMAGE; echo JOB=$SLURM_JOB_ID").stdout
+        assert "IN_IMAGE" in out and f"JOB={head}" in out, out
+        mine = leftovers(sandbox, user)
+        assert any(f"/data/{user.name}/" in x and head in x for x in mine), mine
+        assert not [x for x in left_of(sandbox, cluster, {head}) if "/data/root/" in x]
+    TIMINGS[f"{runtime(cluster)}: a user's cluster up and down"] = time.monotonic() - t0
+    wait_for(lambda: not leftovers(sandbox, user), CLEAN_S, "the user's containers to go")
+    assert sorted(left_of(sandbox, cluster, {root_head})) == sorted(root_had)
+    assert cluster.ray("exec", str(cluster.path), "ray status").returncode == 0
 
 
 def test_ray_down_leaves_nothing(cluster: RayCluster, sandbox: Sandbox) -> None:

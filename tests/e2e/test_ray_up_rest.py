@@ -17,21 +17,11 @@ import yaml
 
 from ray_slurm_provider.cli import main as cli
 from ray_slurm_provider.jobs import temp_dir
-from ray_slurm_provider.sandbox import Sandbox, SandboxError, roots
-from tests.e2e.harness import ROOT, RayCluster, squeue, wait_for
+from ray_slurm_provider.sandbox import Sandbox, roots
+from tests.e2e.harness import ROOT, RayCluster, apis, squeue, wait_for
 
 pytestmark = [pytest.mark.e2e]
 CONFIG = ROOT / "cluster-configs" / "sandbox-rest.yaml"
-
-
-def apis() -> list[str]:
-    """rest; pyslurm too on a sandbox started with --pyslurm (known at collection: CI starts
-    the sandbox before pytest, and a skip there is a failure)."""
-    try:
-        pyslurm = Sandbox.from_state_dir().spec.pyslurm
-    except (SandboxError, ValueError, OSError):
-        pyslurm = False
-    return ["rest", *(["pyslurm"] if pyslurm else [])]
 
 
 @pytest.fixture(scope="module", params=apis())

@@ -5,9 +5,12 @@ as the sandbox's first user (`--users 1`): `ray up`, the provider, the head's au
 every node agent share that user's one small token bucket (sandbox/strict.py). One cluster
 serves the module, in file order: throttling is real, other users' jobs are hidden, the seeds'
 workload, a burst to 8 workers (no duplicate submissions), a crash-looping type (held back,
-never blamed on the purged jobs of a healthy type), then `ray down` leaves nothing. Needs
-`sandbox up --slurm 25.11 --users 1 --strict --cpus-per-node 4` (8 workers beside the head).
-Figures are printed as `STRICT {...}` (pytest -s).
+never blamed on the purged jobs of a healthy type), a worker drained before its time limit and
+replaced while a driver's tasks go on (running beside the tests before it), then `ray down`
+leaves nothing, and `ray-slurm report` knows from accounting how every job ended, those
+MinJobAge purged from the controller long before included. Needs `sandbox up --slurm 25.11
+--accounting --users 1 --strict --cpus-per-node 4` (8 workers beside the head and the drained
+worker). Figures are printed as `STRICT {...}` (pytest -s).
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ import yaml
 from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.provider.submit import SUBMIT_TAG
 from ray_slurm_provider.sandbox import Sandbox, files, strict
+from tests.e2e import drivers
+from tests.e2e.faults import Driver
 from tests.e2e.harness import ROOT, brought_up, wait_for
 from tests.e2e.users import UserCluster, user_venv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.strict]
 NAME = "strict"
 FIGURES: dict[str, Any] = {}
+STATE: dict[str, Any] = {}
 BURST = 8
 #: Eight 1-CPU tasks that each hold their worker until all eight run: proof that eight
 #: workers were up at once.
@@ -68,7 +74,12 @@ def config() -> dict[str, Any]:
                          "node_config": {"partition": "cpu", "cpus": 1, "time": "10",
                                          "prologue": ["echo 'module: command not found' >&2",
                                                       "exit 3"]}}
-    cfg["max_workers"] = BURST + 1
+    # Time limit 2 minutes: told to stop 60 s before it (its agent drains Ray), then replaced.
+    t["short_worker"] = {"resources": {"CPU": 0, "short": 1, "memory": 300_000_000},
+                         "min_workers": 0, "max_workers": 1,
+                         "node_config": {"partition": "cpu", "cpus": 1, "time": "2",
+                                         "mem": "500M", "drain_before_limit_s": 60}}
+    cfg["max_workers"] = BURST + 2
     cfg["idle_timeout_minutes"] = 0.5
     return cfg
 
@@ -95,9 +106,9 @@ def all_jobs(c: UserCluster) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def strict_sandbox(sandbox: Sandbox) -> Sandbox:
     spec = files.read_spec(sandbox.layout)
-    if spec is None or not spec.strict or not sandbox.users():
-        pytest.fail("these tests need `ray-slurm sandbox up --slurm 25.11 --users 1 --strict "
-                    "--cpus-per-node 4`")
+    if spec is None or not spec.strict or not spec.accounting or not sandbox.users():
+        pytest.fail("these tests need `ray-slurm sandbox up --slurm 25.11 --accounting "
+                    "--users 1 --strict --cpus-per-node 4`")
     return sandbox
 
 
@@ -156,6 +167,12 @@ def test_the_user_sees_only_their_own_jobs(cluster: UserCluster) -> None:
         subprocess.run(["scancel", root_job], timeout=60, check=False)
 
 
+def test_walltime_driver_starts(cluster: UserCluster) -> None:
+    """Steps on `short_worker` nodes until three ran on a node other than the first: the
+    first node was drained before its limit and a replacement took over."""
+    STATE["wall"] = Driver(cluster, drivers.WALLTIME.format(seconds=420))
+
+
 def test_seed_examples(cluster: UserCluster) -> None:
     script = Path(cluster.user.home) / "seed_examples.py"
     shutil.copy(ROOT / "examples" / "seed_examples.py", script)
@@ -212,9 +229,65 @@ def test_a_crash_looping_type_is_held_back_and_idle_ends_are_no_crash(
     assert "cpu_worker" not in json.loads(errors.read_text()), errors.read_text()
 
 
+def sacct(job_id: str) -> dict[str, str]:
+    """What accounting says of a job (root sees every user's)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id,
+                          "--format=JobID,State,ElapsedRaw,TimelimitRaw"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    row = next(ln.split("|") for ln in out.splitlines() if ln.split("|")[0] == job_id)
+    return dict(zip(("id", "state", "elapsed_s", "limit_min"), row, strict=True))
+
+
+def test_walltime_drains_and_replaces_without_losing_tasks(cluster: UserCluster) -> None:
+    d: Driver = STATE["wall"]
+    wait_for(d.done, 600, "the walltime driver", every=2)
+    assert d.status() == "SUCCEEDED", d.why()
+    res = json.loads(d.result("WALL_RESULT"))
+    res["jobs"].sort(key=lambda j: [int(x) for x in j.split("_")])
+    assert res["ids"] == list(range(len(res["ids"])))  # every step ran, in order
+    assert len(res["jobs"]) >= 2, res  # the first node left, a replacement took over
+    # The first job left slurmctld MinJobAge after it ended: only accounting knows it now.
+    first = sacct(res["jobs"][0])
+    log = (cluster.cdir.logs / f"{res['jobs'][0]}.out").read_text()
+    limit, ran = int(first["limit_min"]) * 60, int(first["elapsed_s"])
+    FIGURES["walltime"] = {"limit s": limit, "ran s": ran, "state": first["state"],
+                           "steps": len(res["ids"]), "jobs": res["jobs"]}
+    # Drained on Slurm's signal before the limit; the agent ends its job cleanly.
+    assert first["state"] == "COMPLETED" and "signal 15" in log, (first, log[-2000:])
+    assert "from its time limit (drain_before_limit_s: 60)" in log, log[-2000:]
+    assert ran < limit, first
+    STATE["drained"] = res["jobs"][0]
+
+
 def test_down_leaves_nothing(cluster: UserCluster) -> None:
     t0 = time.monotonic()
     cluster.down()
     FIGURES["ray down s"] = round(time.monotonic() - t0, 1)
     live = [j for j in all_jobs(cluster) if j["state"] in ("PENDING", "RUNNING", "COMPLETING")]
     assert live == [], live
+
+
+def test_report_says_how_every_job_ended(cluster: UserCluster) -> None:
+    """After `ray down` slurmctld has purged most of the run's jobs (MinJobAge): the report
+    asks accounting, as the user (PrivateData=jobs), how each ended."""
+    ray_slurm = str(cluster.venv / "bin" / "ray-slurm")
+    cp = cluster.run([ray_slurm, "report", str(cluster.path), "--json"], timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    data = json.loads(cp.stdout)
+    jobs = {j["job"]: j for j in data["jobs"]}
+    FIGURES["report"] = {"jobs": len(jobs), "notes": data["notes"],
+                         "ended_by": {t: v["ended_by"] for t, v in data["types"].items()}}
+    assert not data["notes"], data["notes"]  # accounting answered
+    unknown = [j for j in jobs.values() if j["end"] in ("unknown", "active")]
+    assert unknown == [], unknown
+    assert all(j["billing"] for j in jobs.values()), jobs  # billing: accounting's TRES
+    ends = {t: {j["end"] for j in jobs.values() if j["type"] == t and j["job"] !=
+                STATE["drained"]} for t in data["types"]}
+    # Jobs a stop of ours ended are ours, never failures (their agents end them cleanly).
+    assert ends["head"] == {"ray down"}, ends
+    assert ends["cpu_worker"] <= {"autoscaler", "ray down"}, ends
+    # The replacement was idle (the autoscaler's), or drained at its own limit in turn.
+    assert ends["short_worker"] <= {"autoscaler", "ray down", "completed"}, ends
+    assert ends["crash_worker"] == {"failure"}, ends
+    drained = jobs[STATE["drained"]]  # its agent drained Ray on Slurm's signal, then ended it
+    assert drained["type"] == "short_worker" and drained["state"] == "COMPLETED", drained

@@ -10,10 +10,12 @@ pyslurm back end, so all pass the same suite.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +123,36 @@ def test_submit_list_cancel(client: SlurmClient, name: str, submitted: list[str]
     client.cancel([held, run])  # already gone or completing: still no error
     jobs = wait_for(client, name, lambda js: not any(j.active for j in js))
     assert not any(j.active for j in jobs)
+
+
+def test_a_job_gets_the_submitters_environment_scrubbed(
+        client: SlurmClient, name: str, submitted: list[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the head's autoscaler submits a worker from inside the head's job: the worker gets
+    the submitting process's environment, but none of the head's SLURM_* or RAY_* (pyslurm
+    would copy every SLURM_* of the process into the job: slurm/pyslurm.py)."""
+    head = {"SLURM_JOB_ID": "1", "SLURM_JOBID": "1", "SLURM_JOB_NAME": "ray-head-of-it",
+            "SLURM_CPUS_ON_NODE": "64", "SBATCH_PARTITION": "nosuchpartition",
+            "RAY_ADDRESS": "127.0.0.9:6379", "RAY_OVERRIDE_RESOURCES": '{"CPU": 64}',
+            "RSP_PLAIN": "kept"}
+    for var, value in head.items():
+        monkeypatch.setenv(var, value)
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = client.submit(JobSpec(name, ["true"], output=f"{out}/%j.out", time="2",
+                                   mem="100", setup=["env | sort"]))
+    submitted.append(job_id)
+    log = out / f"{job_id}.out"
+    deadline = time.monotonic() + 60
+    while "SLURM_JOB_ID" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the job's output never appeared"
+        time.sleep(0.3)
+    env = dict(ln.split("=", 1) for ln in log.read_text().splitlines() if "=" in ln)
+    assert env["SLURM_JOB_ID"] == env["SLURM_JOBID"] == job_id
+    assert env["SLURM_JOB_NAME"] == name and env["SLURM_CPUS_ON_NODE"] != "64"
+    assert not [k for k in env if k.startswith("RAY_")], sorted(env)
+    assert env["RSP_PLAIN"] == "kept" and env["PATH"] == os.environ["PATH"]
+    assert env["SLURM_CONF"] == os.environ["SLURM_CONF"]
 
 
 def test_cancel_unknown_job_is_a_noop(client: SlurmClient) -> None:
