@@ -4,9 +4,15 @@ It follows pyslurm's sources (pyslurm/core/job/job.pyx, submission.pyx, node.pyx
 partition.pyx of the 23.x-25.x "core" API): attribute names and types, `RPCError`,
 `Jobs.load()` returning a mapping with `.values()`, and what the real pyslurm 25.11.2 refused on
 the sandbox's Slurm 25.11.7 (`sandbox up --slurm 25.11 --pyslurm`; tests/fixtures/pyslurm-25.11/
-holds the attribute names recorded there). The values are those the sandbox's Slurm 22.05
+holds the attribute names and the records recorded there, and test_pyslurm_backend checks the
+fake's fields, types and errors against them). The values are those the sandbox's Slurm 22.05
 reported (see tests/fixtures/slurmrestd-22.05/), so results can be compared with the other back
 ends.
+
+What the records changed (the fake had guessed): a pending job's start_time is None and its
+run_time_remaining its whole time limit; a partition without a default time says None, not
+"UNLIMITED"; cancelling an unknown job, or one already cancelled, raises nothing; an unknown
+submit attribute is an AttributeError in Cython's words.
 """
 
 from __future__ import annotations
@@ -52,9 +58,9 @@ class FakeJob:
     allocated_nodes: str | None = None
     batch_host: str | None = None
     time_limit: int | None = None  # minutes; None: UNLIMITED
-    run_time_remaining: int | None = None  # seconds
+    run_time_remaining: int | None = None  # seconds; a pending job's: its whole limit
     submit_time: int | None = 1796000900
-    start_time: int | None = 0
+    start_time: int | None = None  # None while pending
     partition: str | None = "cpu"
     comment: str | None = None
 
@@ -76,7 +82,7 @@ class FakePartition:
     name: str
     nodes: str = "n[1-3]"
     max_time: int | str = "UNLIMITED"
-    default_time: int | str = "UNLIMITED"
+    default_time: int | str | None = None  # None: the partition sets none
     is_default: bool = False
     state: str = "UP"
 
@@ -118,9 +124,10 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
         every attribute itself."""
 
         def __init__(self, **kw: Any) -> None:
-            unknown = set(kw) - ATTRIBUTES
+            unknown = sorted(set(kw) - ATTRIBUTES)
             if unknown:  # a cdef class: setattr of an unknown name raises
-                raise AttributeError(f"'JobSubmitDescription' has no attributes {unknown}")
+                raise AttributeError("'pyslurm.core.job.submission.JobSubmitDescription' object "
+                                     f"has no attribute '{unknown[0]}'")
             self.kw = kw
 
         def _check(self) -> None:
@@ -146,8 +153,11 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
             state["next"] += 1
             state["submitted"].append(dict(self.kw))
             state["job_env"].append(job_env(self.kw.get("environment")))
-            state["jobs"][job_id] = FakeJob(job_id, self.kw.get("name", "sbatch"),
-                                            comment=self.kw.get("comment"), partition=part)
+            limit = self.kw.get("time_limit")
+            state["jobs"][job_id] = FakeJob(
+                job_id, self.kw.get("name", "sbatch"), comment=self.kw.get("comment"),
+                partition=part, time_limit=limit,
+                run_time_remaining=limit * 60 if limit is not None else None)
             return job_id
 
     class Jobs:
@@ -161,12 +171,11 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
             self.id = job_id
 
         def cancel(self) -> None:
+            """Recorded: an unknown id, or a job already cancelled, raises nothing."""
             maybe_fail("cancel")
             job = state["jobs"].get(self.id)
-            if job is None:
-                raise RPCError("Invalid job id specified")
-            if job.state in ("COMPLETED", "CANCELLED"):
-                raise RPCError("Job/step already completing or completed")
+            if job is None or job.state in ("COMPLETED", "CANCELLED"):
+                return
             job.state = "CANCELLED"
             state["cancelled"].append(self.id)
 
@@ -182,6 +191,14 @@ def make_module(version: str = "22.5.1") -> types.ModuleType:
             maybe_fail("partitions")
             return _Collection({p.name: p for p in state["parts"]})
 
+    def start(job_id: int, node: str, now: int = 1796000905) -> None:
+        """The job runs on `node` (as slurmctld would have started it)."""
+        job = state["jobs"][job_id]
+        job.state, job.state_reason = "RUNNING", "None"
+        job.allocated_nodes = job.batch_host = node
+        job.start_time = now
+
+    mod.start = start  # type: ignore[attr-defined]
     for obj in (RPCError, JobSubmitDescription, Jobs, Job, Nodes, Partitions):
         setattr(mod, obj.__name__, obj)
     mod.__version__ = version  # type: ignore[attr-defined]

@@ -287,3 +287,58 @@ def test_doctor_and_validate_refuse_a_pyslurm_for_another_release(tmp_path: Path
     assert "install the pyslurm release matching your Slurm" in f.fix
     failed = [f for f in validate.validate_findings(c) if f.level == "fail"]
     assert any("is for Slurm 25.11" in f.message for f in failed)
+
+
+def _recorded() -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((Path(__file__).parent.parent / "fixtures" / "pyslurm-25.11" /
+                            "records.json").read_text()))
+
+
+def _types(obj: Any, recorded: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the fake's, the real pyslurm's) type names of the fields recorded."""
+    return ({f: type(getattr(obj, f)).__name__ for f in recorded},
+            {f: v["type"] for f, v in recorded.items()})
+
+
+def test_the_fake_answers_as_the_recorded_pyslurm_did() -> None:
+    """What pyslurm 25.11.2 returned on the sandbox's Slurm 25.11.7 for the calls the back end
+    makes (tests/fixtures/record_pyslurm.py, tests/fixtures/pyslurm-25.11/records.json): the
+    fake's records have the same fields of the same types, and it refuses and accepts what
+    the real one did."""
+    rec = _recorded()
+    mod = make_module(rec["version"])
+    env = {"PATH": "/usr/bin"}
+    held = mod.JobSubmitDescription(name="r", script="#!/bin/sh\n", partitions="cpu",
+                                    time_limit=10, priority=0, comment="held",
+                                    environment=env).submit()
+    running = mod.JobSubmitDescription(name="r", script="#!/bin/sh\n", partitions="cpu",
+                                       time_limit=10, comment="running",
+                                       environment=env).submit()
+    mod.state["jobs"][held].state_reason = "JobHeldUser"
+    mod.start(running, "n1")
+    jobs = mod.Jobs.load()
+    assert type(jobs).__name__ == rec["jobs_type"] or isinstance(jobs, dict)
+    for job_id, kind in ((held, "held"), (running, "running")):
+        fake, real = _types(jobs[job_id], rec[kind])
+        assert fake == real, kind
+    node = next(iter(mod.Nodes.load().values()))
+    assert _types(node, rec["nodes"][0])[0] == _types(node, rec["nodes"][0])[1]
+    for part in mod.Partitions.load().values():
+        fake, real = _types(part, rec["partitions"][0])
+        assert fake == real, part.name
+    errors = rec["errors"]
+    with pytest.raises(mod.RPCError) as ei:
+        mod.JobSubmitDescription(name="r", script="#!/bin/sh\ntrue\n", partitions="nosuch",
+                                 environment=env).submit()
+    assert errors["bad_partition"] == f"RPCError: {ei.value}"
+    with pytest.raises(AttributeError) as ai:
+        mod.JobSubmitDescription(nosuch=1)
+    assert errors["unknown_attribute"] == f"AttributeError: {ai.value}"
+    # The real pyslurm cancels an unknown id, and a job cancelled before, without an error.
+    assert errors["cancel_unknown"] == errors["cancel_cancelled"] == "no error"
+    mod.Job(999999).cancel()
+    mod.Job(held).cancel()
+    mod.Job(held).cancel()
+    assert rec["has_pyenviron"] and rec["submission_module"] == "pyslurm.core.job.submission"
