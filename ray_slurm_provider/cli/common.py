@@ -26,7 +26,8 @@ from ray_slurm_provider.state import ClusterDir
 #: What the commands that need the cluster directory say with provider.ssh, for now.
 SSH_NOT_YET = ("provider.ssh: this command does not run from a laptop yet (the cluster "
                "directory's hand-offs over SSH are missing); run it on the login node. "
-               "`ray-slurm doctor CONFIG` and `validate` work over SSH.")
+               "`ray-slurm doctor`, `validate`, `env`, `status`, `logs` and `report` work "
+               "over SSH.")
 
 T = TypeVar("T")
 

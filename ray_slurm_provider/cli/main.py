@@ -69,12 +69,18 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ray_slurm_provider.cli import remote
+
+    argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     func = getattr(args, "func", None)
     if func is None:
         build_parser().print_help()
         return 2
     try:
+        forwarded = remote.forward(argv, args)  # a laptop's: run on the login node
+        if forwarded is not None:
+            return forwarded
         return int(func(args))
     except BrokenPipeError:  # `ray-slurm ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

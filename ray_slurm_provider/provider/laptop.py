@@ -72,17 +72,20 @@ def parse_reply(stdout: str) -> tuple[str, Any]:
 
 
 class SshTransport:
-    """`<python> -m ray_slurm_provider.provider.serve` on the login node, per request."""
+    """`<python> -m <module>` on the login node, per request: the provider's calls
+    (provider/serve.py), or a `ray-slurm` command (cli/remote.py)."""
 
-    def __init__(self, link: SshLink, python: str) -> None:
+    def __init__(self, link: SshLink, python: str,
+                 module: str = "ray_slurm_provider.provider.serve") -> None:
         self.link = link
         self.python = python
+        self.module = module
 
     def call(self, request: dict[str, Any], timeout: float) -> Any:
         """The reply of one request. ssh's failure, or a call that outran `timeout`, ends
         the `ray` command with one line (Ray prints a ClickException without a traceback)."""
         try:
-            res = self.link.run([self.python, "-m", "ray_slurm_provider.provider.serve"],
+            res = self.link.run([self.python, "-m", self.module],
                                 input=json.dumps(request), timeout=timeout, check=False)
         except SshError as e:
             raise click.ClickException(f"provider.ssh: {e}") from e
@@ -91,7 +94,7 @@ class SshTransport:
                                        f"{self.link.cfg.host}: {e}") from e
         if res.returncode != 0 and wire.MARKER not in res.stdout:
             said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
-            raise LoginError(f"{self.python} -m ray_slurm_provider.provider.serve failed on "
+            raise LoginError(f"{self.python} -m {self.module} failed on "
                              f"{self.link.cfg.host}: {said}")
         printed, value = parse_reply(res.stdout)
         sys.stdout.write(printed)  # the call's own output, after it ended

@@ -7,6 +7,7 @@ no process. One cluster for the module: the tests run in order."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -176,6 +177,19 @@ def test_ray_exec_from_the_laptop_runs_in_the_head_job(laptop: Laptop) -> None:
     assert not laptop.marker.exists(), laptop.marker.read_text()
 
 
+def test_status_and_logs_from_the_laptop(laptop: Laptop) -> None:
+    """They run on the login node over the connection (cli/remote.py)."""
+    head = str(laptop.cluster.head()["job_id"])
+    rows = json.loads(laptop.ray_slurm("status", str(laptop.config), "--json"))["nodes"]
+    assert [(r["job_id"], r["ray_up"]) for r in rows if r["kind"] == "head"] == [(head, True)]
+    log = laptop.ray_slurm("logs", str(laptop.config), "head", "--lines", "50")
+    assert "[ray-slurm " in log and head in log, log[-2000:]
+    rc, _, err = laptop.run(sys.executable, "-m", "ray_slurm_provider.cli.main", "logs",
+                            str(laptop.config), "head", "--follow")
+    assert rc == 2 and "does not run from a laptop yet" in err, err
+    assert not laptop.marker.exists(), laptop.marker.read_text()
+
+
 def processes_of(uid: int, job_ids: list[str]) -> list[str]:
     """Command lines of processes that belong to these jobs' Ray (their temp dirs, below the
     user's /tmp/rsp-<uid>/, are named after the job id)."""
@@ -196,4 +210,14 @@ def test_ray_down_from_the_laptop_leaves_nothing(laptop: Laptop) -> None:
     assert laptop.cluster.jobs() == []
     uid = laptop.cluster.user.uid
     wait_for(lambda: processes_of(uid, ids) == [], 60, "the cluster's processes to exit")
+    assert not laptop.marker.exists(), laptop.marker.read_text()
+
+
+def test_report_from_the_laptop_after_down(laptop: Laptop) -> None:
+    page = laptop.dir / "report.html"
+    data = json.loads(laptop.ray_slurm("report", str(laptop.config), "--json", "--html",
+                                       str(page)))
+    heads = [j for j in data["jobs"] if j["kind"] == "head"]
+    assert [j["end"] for j in heads] == ["ray down"], data["jobs"]
+    assert page.read_text().startswith("<!DOCTYPE html>") or "<html" in page.read_text()
     assert not laptop.marker.exists(), laptop.marker.read_text()
