@@ -109,6 +109,78 @@ def run(
     return res
 
 
+def stream(
+    argv: Sequence[str],
+    *,
+    on_line: Callable[[str], None],
+    on_err: Callable[[str], None],
+    input: str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+) -> Result:
+    """Run `argv` as `run` does (no check), handing each line of its stdout to `on_line` and
+    of its stderr to `on_err` as it comes (a remote `logs --follow`, `ray exec`'s output);
+    the whole output is also returned. Past `timeout` (None: no limit) the command is
+    killed and CommandTimeout raised; so it is on any exception of the caller's
+    (KeyboardInterrupt), which is raised again."""
+    args = [str(a) for a in argv]
+    if not args:
+        raise ValueError("empty argv")
+    try:
+        child = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+            errors="replace", bufsize=1)
+    except FileNotFoundError as e:
+        raise CommandNotFound(args, f"{args[0]}: command not found") from e
+    out: list[str] = []
+    err: list[str] = []
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        child.kill()
+
+    def feed() -> None:
+        assert child.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it ended without reading it all
+            child.stdin.write(input or "")
+            child.stdin.close()
+
+    def read_err() -> None:
+        assert child.stderr is not None
+        for line in child.stderr:
+            err.append(line)
+            on_err(line)
+
+    helpers = [threading.Thread(target=read_err, daemon=True)]
+    if input is not None:
+        helpers.append(threading.Thread(target=feed, daemon=True))
+    timer = threading.Timer(timeout, expire) if timeout is not None else None
+    try:
+        for t in helpers:
+            t.start()
+        if timer is not None:
+            timer.start()
+        assert child.stdout is not None
+        for line in child.stdout:
+            out.append(line)
+            on_line(line)
+        child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for t in helpers:
+            t.join(timeout=5)
+    if timed_out.is_set():
+        raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s", None,
+                             "".join(out), "".join(err))
+    return Result(args, child.returncode, "".join(out), "".join(err))
+
+
 def _text(data: bytes | str | None) -> str:
     """What a timed-out command printed (subprocess hands it over undecoded)."""
     if isinstance(data, bytes):

@@ -2,32 +2,31 @@
 
 These commands read the cluster directory, which lives on the login node, and ask Slurm,
 whose commands are there too. So on a laptop the whole command runs on the login node, as
-`<provider.python> -m ray_slurm_provider.cli.remote` over the one SSH connection (the
+`<provider.python> -m ray_slurm_provider.cli.serve` over the one SSH connection (the
 provider's `serve` does the same for Ray's calls): the request on stdin is the command line
 and the cluster config without `ssh`; the login node writes the config to a private temp
 file, runs the same command there, and replies with its exit code after what it printed
 (wire.MARKER). A file the command writes (`report --html FILE`) comes back in the reply and
-is written on the laptop.
-
-What needs a terminal that stays open (`status --watch`, `logs --follow`) does not run from
-a laptop yet: it says so in one line.
+is written on the laptop. What the command prints is shown as it comes, so `status --watch`
+and `logs --follow` work too (Ctrl-C ends the SSH session; the login node's command ends at
+its next write).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ray_slurm_provider.provider.wire import MARKER, error_reply, login_config
+from ray_slurm_provider.provider.wire import login_config
 
 #: The commands a laptop runs on the login node.
 FORWARDED = frozenset({"status", "logs", "report"})
@@ -80,18 +79,14 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
         from ray_slurm_provider.provider.laptop import SshTransport, login_python
         from ray_slurm_provider.slurm.ssh import SshLink
 
-        option = streaming(args)
-        if option is not None:
-            raise CliError(f"provider.ssh: `{args.command} {option}` does not run from a "
-                           "laptop yet (it needs a terminal on the login node); run it "
-                           "without the option, or on the login node")
         assert cluster.pcfg.ssh is not None
         transport = SshTransport(SshLink(cluster.pcfg.ssh), login_python(cluster.pcfg),
-                                 module="ray_slurm_provider.cli.remote")
+                                 module="ray_slurm_provider.cli.serve")
         config = dict(cluster.config)
         config["provider"] = login_config(config["provider"])
-        reply = transport.call({"argv": remote_argv(argv, args), "config": config},
-                               CALL_TIMEOUT_S)
+        # Output is shown as it comes; --watch and --follow run until Ctrl-C.
+        timeout = None if streaming(args) else CALL_TIMEOUT_S
+        reply = transport.call({"argv": remote_argv(argv, args), "config": config}, timeout)
         html = getattr(args, "html", None)
         if html and reply.get("html") is not None:
             Path(html).write_bytes(base64.b64decode(reply["html"]))
@@ -100,10 +95,9 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
     return run_command(body)
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    """The login node's half: the command on a private copy of the config."""
-    from ray_slurm_provider.cli.main import main as cli_main
-
+def run(request: dict[str, Any], command: Callable[[list[str]], int]) -> dict[str, Any]:
+    """The login node's half (cli/serve.py): `command` (cli.main.main) on the request's
+    command line, with a private copy of its config."""
     work = tempfile.mkdtemp(prefix="rsp-remote-")  # 0700: the config names the token's path
     try:
         config = os.path.join(work, "cluster.yaml")
@@ -112,7 +106,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         given = {CONFIG_ARG: config, HTML_ARG: html, f"--html={HTML_ARG}": f"--html={html}"}
         argv = [given.get(a, a) for a in request["argv"]]
         try:
-            code = cli_main(argv)
+            code = command(argv)
         except SystemExit as e:  # argparse: a command line this package does not take
             code = e.code if isinstance(e.code, int) else 2
         sys.stdout.flush()
@@ -120,20 +114,3 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         return {"code": code, "html": base64.b64encode(sent).decode() if sent else None}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def main() -> int:
-    """`python -m ray_slurm_provider.cli.remote`: one request on stdin, the reply last."""
-    request = json.loads(sys.stdin.read())
-    try:
-        reply: dict[str, Any] = {"ok": run(request)}
-    except Exception as e:  # crosses back to the laptop, typed, like serve's
-        reply = {"error": error_reply(e)}
-    sys.stdout.flush()
-    sys.stdout.write("\n" + MARKER + json.dumps(reply) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

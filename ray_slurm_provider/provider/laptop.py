@@ -41,7 +41,7 @@ class LoginError(RuntimeError):
 class Transport(Protocol):
     """How a request reaches serve.handle on the login node (SSH; in-process in tests)."""
 
-    def call(self, request: dict[str, Any], timeout: float) -> Any: ...
+    def call(self, request: dict[str, Any], timeout: float | None) -> Any: ...
 
 
 def raise_reply(error: dict[str, Any]) -> None:
@@ -66,14 +66,41 @@ def parse_reply(stdout: str) -> tuple[str, Any]:
                              + (stdout.strip().splitlines() or ["no output"])[-1])
     reply = json.loads(line)
     if "error" in reply:
-        sys.stdout.write(printed)
         raise_reply(reply["error"])
     return printed, reply.get("ok")
 
 
+class Shown:
+    """Writes what a call prints to stdout as it comes, but not the reply: a line that
+    starts with MARKER, with the newline before it (serve's separator, not the output's)."""
+
+    def __init__(self) -> None:
+        self.newline = False
+
+    def line(self, text: str) -> None:
+        if text.startswith(wire.MARKER):
+            self.newline = False
+            return
+        if self.newline:
+            sys.stdout.write("\n")
+        self.newline = text.endswith("\n")
+        sys.stdout.write(text[:-1] if self.newline else text)
+        sys.stdout.flush()
+
+    def err(self, text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        """No reply came: the last line's newline was the output's own."""
+        if self.newline:
+            sys.stdout.write("\n")
+            self.newline = False
+
+
 class SshTransport:
     """`<python> -m <module>` on the login node, per request: the provider's calls
-    (provider/serve.py), or a `ray-slurm` command (cli/remote.py)."""
+    (provider/serve.py), or a `ray-slurm` command (cli/serve.py)."""
 
     def __init__(self, link: SshLink, python: str,
                  module: str = "ray_slurm_provider.provider.serve") -> None:
@@ -81,25 +108,27 @@ class SshTransport:
         self.python = python
         self.module = module
 
-    def call(self, request: dict[str, Any], timeout: float) -> Any:
-        """The reply of one request. ssh's failure, or a call that outran `timeout`, ends
-        the `ray` command with one line (Ray prints a ClickException without a traceback)."""
+    def call(self, request: dict[str, Any], timeout: float | None) -> Any:
+        """The reply of one request; what the call prints is shown as it comes. ssh's
+        failure, or a call that outran `timeout` (None: none), ends the `ray` command with
+        one line (Ray prints a ClickException without a traceback)."""
+        shown = Shown()
         try:
-            res = self.link.run([self.python, "-m", self.module],
-                                input=json.dumps(request), timeout=timeout, check=False)
+            res = self.link.stream([self.python, "-m", self.module], on_line=shown.line,
+                                   on_err=shown.err, input=json.dumps(request),
+                                   timeout=timeout)
         except SshError as e:
             raise click.ClickException(f"provider.ssh: {e}") from e
         except proc.CommandError as e:
-            raise click.ClickException(f"provider.ssh: {request.get('op')} on "
+            raise click.ClickException(f"provider.ssh: {request.get('op', 'a call')} on "
                                        f"{self.link.cfg.host}: {e}") from e
+        finally:
+            shown.end()
         if res.returncode != 0 and wire.MARKER not in res.stdout:
             said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
             raise LoginError(f"{self.python} -m {self.module} failed on "
                              f"{self.link.cfg.host}: {said}")
-        printed, value = parse_reply(res.stdout)
-        sys.stdout.write(printed)  # the call's own output, after it ended
-        sys.stderr.write(res.stderr)
-        return value
+        return parse_reply(res.stdout)[1]
 
 
 def login_python(pcfg: ProviderConfig) -> str:

@@ -23,7 +23,7 @@ import os
 import re
 import shlex
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ray_slurm_provider import proc
 from ray_slurm_provider.config import SshConfig
@@ -219,6 +219,19 @@ class SshLink:
         command = remote_command(argv, env)
         res = proc.run(ssh_argv(self.cfg, self.control, command), input=input,
                        timeout=timeout, check=False)
+        return self._result(argv, res, check)
+
+    def stream(self, argv: Sequence[str], *, on_line: Callable[[str], None],
+               on_err: Callable[[str], None], input: str | None = None,
+               timeout: float | None = 60.0) -> proc.Result:
+        """`run` without `check`, its output handed over line by line as it comes
+        (proc.stream)."""
+        res = proc.stream(ssh_argv(self.cfg, self.control, remote_command(argv)),
+                          on_line=on_line, on_err=on_err, input=input, timeout=timeout)
+        return self._result(argv, res, False)
+
+    def _result(self, argv: Sequence[str], res: proc.Result, check: bool) -> proc.Result:
+        """ssh's own failure as SshError; with `check`, the command's as `run` says."""
         if res.returncode == SSH_FAILED:
             raise failure(self.cfg, res.stderr)
         result = proc.Result(list(argv), res.returncode, res.stdout, res.stderr)

@@ -121,6 +121,10 @@ def ticks(log: Path, t0: float, t1: float) -> int:
     return len([t for t, _ in log_lines(log, t0, TICK_MARK) if t0 < t <= t1])
 
 
+#: How a worker the provider or Slurm's drain signal stopped ends: COMPLETED (its agent ended
+#: the job, with 0) or CANCELLED (the provider's scancel came first); never FAILED.
+ENDED_BY_US = ("COMPLETED", "CANCELLED")
+
 #: The provider's log line for one submission (one sbatch: a job, or an array of tasks).
 SUBMITTED = r"Submitted Slurm job\(?s?\)? "
 

@@ -28,7 +28,7 @@ import yaml
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.sandbox import Sandbox, image
 from tests.e2e import drivers, procfs
-from tests.e2e.faults import Driver, run_time_s, show_job
+from tests.e2e.faults import ENDED_BY_US, Driver, run_time_s, show_job
 from tests.e2e.harness import ROOT, RayCluster, brought_up, wait_for
 from tests.e2e.users import UserCluster, user_venv
 from tests.integration.test_pyxis_sandbox import leftovers
@@ -215,14 +215,14 @@ def test_walltime_drains_and_replaces_without_losing_tasks(cluster: RayCluster,
     assert len(res["jobs"]) >= 2, res  # the first node left, a replacement took over
     first = show_job(res["jobs"][0])
     log = cluster.cdir.log(res["jobs"][0]).read_text()
-    assert first["JobState"] == "COMPLETED" and "signal 15" in log, (first, log[-2000:])
+    assert first["JobState"] in ENDED_BY_US and "signal 15" in log, (first, log[-2000:])
     assert run_time_s(first) < 120, first
     left = settle(sandbox, cluster, {res["jobs"][0]})
     assert not left, f"left of the drained worker after {CLEAN_S:.0f}s: {left}"
 
 
 def shared_node(cluster: RayCluster) -> str:
-    """A node that runs a job of `cluster` and has a CPU free for another head."""
+    """A node that runs a job of `cluster` and has a CPU free for another head, else ""."""
     out = subprocess.run(["squeue", "-h", f"--name={cluster.job_name}", "-t", "RUNNING",
                           "-o", "%N"], capture_output=True, text=True, timeout=30,
                          check=True).stdout.split()
@@ -230,8 +230,7 @@ def shared_node(cluster: RayCluster) -> str:
         ["sinfo", "-h", "-N", "-p", "cpu", "-o", "%N %C"], capture_output=True, text=True,
         timeout=30, check=True).stdout.splitlines()}
     ours = [n for n in sorted(set(out)) if idle.get(n, 0) > 0]
-    assert ours, (out, idle)
-    return ours[0]
+    return ours[0] if ours else ""
 
 
 def test_a_user_runs_a_cluster_of_the_same_name_beside_it(cluster: RayCluster,
@@ -243,7 +242,8 @@ def test_a_user_runs_a_cluster_of_the_same_name_beside_it(cluster: RayCluster,
     root_head = str(cluster.head()["job_id"])
     root_had = left_of(sandbox, cluster, {root_head})
     assert root_had  # the container of root's head
-    node = shared_node(cluster)
+    # The head's node may be full a while (the drained worker's idle replacement, 2 CPUs).
+    node = wait_for(lambda: shared_node(cluster), 150, "a CPU beside root's containers")
     cfg = yaml.safe_load(cluster.path.read_text())
     cfg["available_node_types"]["head"]["node_config"]["nodelist"] = node
     theirs = UserCluster(user, user_venv(sandbox), cluster.name, cfg, sandbox.env())

@@ -9,9 +9,10 @@ import contextlib
 import io
 import json
 import os
+import re
 import stat
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -19,8 +20,9 @@ from unittest import mock
 import pytest
 import yaml
 
+from ray_slurm_provider import proc
 from ray_slurm_provider.cli import main as cli
-from ray_slurm_provider.cli import remote
+from ray_slurm_provider.cli import remote, serve
 from ray_slurm_provider.slurm.ssh import SshLink
 
 CONFIG = {"cluster_name": "c", "provider": {
@@ -36,30 +38,30 @@ def login_node(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     def fake_main(argv: list[str]) -> int:
         path = Path(next(a for a in argv if a.endswith("cluster.yaml")))
-        seen.append({"argv": argv, "config": yaml.safe_load(path.read_text()),
-                     "mode": stat.S_IMODE(path.parent.stat().st_mode)})
+        seen[-1].update(argv=argv, config=yaml.safe_load(path.read_text()),
+                        mode=stat.S_IMODE(path.parent.stat().st_mode))
         print(f"ran {argv[0]} on the login node")
         for i, a in enumerate(argv):
             if a == "--html":
                 Path(argv[i + 1]).write_text("<html>report</html>")
         return 3
 
-    def run(self: SshLink, argv: list[str], input: str = "", timeout: float = 0,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
-        assert argv == ["/login/venv/bin/python", "-m", "ray_slurm_provider.cli.remote"]
+    def stream(self: SshLink, argv: list[str], *, on_line: Callable[[str], None],
+               on_err: Callable[[str], None], input: str = "",
+               timeout: float | None = 0) -> proc.Result:
+        assert argv == ["/login/venv/bin/python", "-m", "ray_slurm_provider.cli.serve"]
+        seen.append({"timeout": timeout})
         out = io.StringIO()
         with contextlib.redirect_stdout(out), mock.patch.object(sys, "stdin",
                                                                 io.StringIO(input)):
-            remote.main()
-        return subprocess.CompletedProcess(argv, 0, out.getvalue(), "")
+            serve.main()
+        for line in re.findall(r"[^\n]*\n|[^\n]+$", out.getvalue()):  # as a pipe reads
+            on_line(line)
+        return proc.Result(argv, 0, out.getvalue(), "")
 
-    monkeypatch.setattr(SshLink, "run", run)
-    monkeypatch.setattr(cli_main_module(), "main", fake_main)
+    monkeypatch.setattr(SshLink, "stream", stream)
+    monkeypatch.setattr(serve, "cli_main", fake_main)
     return seen
-
-
-def cli_main_module() -> Any:
-    return sys.modules["ray_slurm_provider.cli.main"]
 
 
 def write(tmp_path: Path, config: dict[str, Any]) -> str:
@@ -96,14 +98,13 @@ def test_options_between_positionals_keep_their_place(
     assert login_node[0]["argv"][4] == "head"
 
 
-def test_what_needs_an_open_terminal_says_so(tmp_path: Path, login_node: list[dict[str, Any]],
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_what_runs_until_ctrl_c_has_no_time_limit(
+        tmp_path: Path, login_node: list[dict[str, Any]]) -> None:
     path = write(tmp_path, CONFIG)
-    assert remote.forward(["status", path, "--watch"],
-                          cli.parse(["status", path, "--watch"])) == 2
-    err = capsys.readouterr().err
-    assert "`status --watch` does not run from a laptop yet" in err
-    assert login_node == [] and len(err.strip().splitlines()) == 1
+    for argv in (["status", path, "--watch"], ["logs", path, "head", "--follow"],
+                 ["status", path]):
+        assert remote.forward(argv, cli.parse(argv)) == 3
+    assert [c["timeout"] for c in login_node] == [None, None, remote.CALL_TIMEOUT_S]
 
 
 def test_without_ssh_or_for_other_commands_nothing_is_forwarded(
@@ -120,7 +121,7 @@ def test_the_reply_is_the_last_line_after_what_the_command_printed(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(
         {"argv": ["nosuchcommand"], "config": CONFIG})))
-    assert remote.main() == 0
+    assert serve.main() == 0
     out = capsys.readouterr()
     reply = json.loads(out.out.rsplit("\x1erayslurm-reply ", 1)[1])
     # argparse's exit (a laptop with a newer package) is the command's exit code, not a

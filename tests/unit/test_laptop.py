@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,9 @@ class LostLink:
     def run(self, argv: list[str], **kw: object) -> Any:
         raise self.error
 
+    def stream(self, argv: list[str], **kw: object) -> Any:
+        raise self.error
+
     def close_tunnels(self, name: str) -> None:
         raise self.error
 
@@ -309,3 +313,20 @@ def test_ray_down_ends_even_when_the_tunnels_cannot_be_closed(
     provider.transport = Both(link, "/p")  # type: ignore[arg-type]
     provider.cleanup_cluster_resources()
     assert "could not close the tunnels" in capsys.readouterr().err
+
+
+def test_what_a_call_prints_is_shown_as_it_comes_without_the_reply(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    shown = laptop.Shown()
+    reply = "\n" + serve.reply_line({"op": "version"}).lstrip("\n")
+    text = "one\ntwo, no newline" + reply
+    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):  # as a pipe reads (not \x1e)
+        shown.line(line)
+        if line == "one\n":
+            assert capsys.readouterr().out == "one"  # before the call ends
+    shown.end()
+    assert capsys.readouterr().out == "\ntwo, no newline"
+    for line in ["a\n", "b\n"]:  # no reply (a crash): every newline is the output's
+        shown.line(line)
+    shown.end()
+    assert capsys.readouterr().out == "a\nb\n"

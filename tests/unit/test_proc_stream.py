@@ -1,0 +1,65 @@
+"""proc.stream: a command's output handed over line by line as it comes, with real child
+processes (a remote `logs --follow` and `ray exec` from a laptop read through it)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_slurm_provider import proc
+
+
+def test_lines_come_while_the_command_runs_and_all_come_back(tmp_path: Path) -> None:
+    """The command waits for a file that the handler of its first line creates: were the
+    lines handed over only at the end, it would wait until its timeout."""
+    go = tmp_path / "go"
+    seen: list[str] = []
+    errs: list[str] = []
+
+    def on_line(line: str) -> None:
+        seen.append(line)
+        go.touch()
+
+    res = proc.stream([sys.executable, "-c",
+                       "import os, sys, time\n"
+                       "print('first', flush=True)\n"
+                       "print('to stderr', file=sys.stderr, flush=True)\n"
+                       f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+                       "print(sys.stdin.read().upper(), end='')\n"
+                       "sys.exit(3)"],
+                      on_line=on_line, on_err=errs.append, input="given\n", timeout=30)
+    assert seen == ["first\n", "GIVEN\n"]
+    assert errs == ["to stderr\n"]
+    assert (res.returncode, res.stdout, res.stderr) == (3, "first\nGIVEN\n", "to stderr\n")
+
+
+def test_a_command_past_its_time_is_killed_with_what_it_said() -> None:
+    seen: list[str] = []
+    with pytest.raises(proc.CommandTimeout, match=r"timed out after 0\.5s") as ei:
+        proc.stream([sys.executable, "-c",
+                     "import time; print('up', flush=True); time.sleep(60)"],
+                    on_line=seen.append, on_err=seen.append, timeout=0.5)
+    assert seen == ["up\n"] and ei.value.stdout == "up\n"
+
+
+def test_an_error_of_the_caller_ends_the_command() -> None:
+    class Stop(Exception):
+        pass
+
+    def stop(line: str) -> None:
+        raise Stop(line)
+
+    t0 = time.monotonic()
+    with pytest.raises(Stop):
+        proc.stream([sys.executable, "-c",
+                     "import time; print('up', flush=True); time.sleep(60)"],
+                    on_line=stop, on_err=print, timeout=None)
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_missing_command_is_typed() -> None:
+    with pytest.raises(proc.CommandNotFound):
+        proc.stream(["rsp-no-such-command"], on_line=print, on_err=print)
