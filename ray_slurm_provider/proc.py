@@ -6,6 +6,7 @@ typed so callers can tell "the binary is missing" from "it ran and said no" from
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -116,12 +117,14 @@ def stream(
     on_err: Callable[[str], None],
     input: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    keep: int | None = None,
 ) -> Result:
     """Run `argv` as `run` does (no check), handing each line of its stdout to `on_line` and
     of its stderr to `on_err` as it comes (a remote `logs --follow`, `ray exec`'s output);
-    the whole output is also returned. Past `timeout` (None: no limit) the command is
-    killed and CommandTimeout raised; so it is on any exception of the caller's
-    (KeyboardInterrupt), which is raised again."""
+    the output is also returned: all of it, or with `keep` the last lines within about
+    that many characters (always the last line: an hours-long `--follow` stays bounded).
+    Past `timeout` (None: no limit) the command is killed and CommandTimeout raised; so it
+    is on any exception of the caller's (KeyboardInterrupt), which is raised again."""
     args = [str(a) for a in argv]
     if not args:
         raise ValueError("empty argv")
@@ -132,8 +135,8 @@ def stream(
             errors="replace", bufsize=1)
     except FileNotFoundError as e:
         raise CommandNotFound(args, f"{args[0]}: command not found") from e
-    out: list[str] = []
-    err: list[str] = []
+    out = _Tail(keep)
+    err = _Tail(STDERR_KEPT)
     timed_out = threading.Event()
 
     def expire() -> None:
@@ -149,7 +152,7 @@ def stream(
     def read_err() -> None:
         assert child.stderr is not None
         for line in child.stderr:
-            err.append(line)
+            err.add(line)
             on_err(line)
 
     helpers = [threading.Thread(target=read_err, daemon=True)]
@@ -163,7 +166,7 @@ def stream(
             timer.start()
         assert child.stdout is not None
         for line in child.stdout:
-            out.append(line)
+            out.add(line)
             on_line(line)
         child.wait()
     except BaseException:
@@ -177,8 +180,31 @@ def stream(
             t.join(timeout=5)
     if timed_out.is_set():
         raise CommandTimeout(args, f"{args[0]} timed out after {timeout:g}s", None,
-                             "".join(out), "".join(err))
-    return Result(args, child.returncode, "".join(out), "".join(err))
+                             out.text(), err.text())
+    return Result(args, child.returncode, out.text(), err.text())
+
+
+#: What `stream` keeps of a command's stderr (its last words are what an error says).
+STDERR_KEPT = 64 * 1024
+
+
+class _Tail:
+    """The last lines of a stream within `limit` characters (None: all), and always the
+    last line whole."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.lines: collections.deque[str] = collections.deque()
+        self.size = 0
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        self.size += len(line)
+        while self.limit is not None and self.size > self.limit and len(self.lines) > 1:
+            self.size -= len(self.lines.popleft())
+
+    def text(self) -> str:
+        return "".join(self.lines)
 
 
 def _text(data: bytes | str | None) -> str:

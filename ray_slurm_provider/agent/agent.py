@@ -75,6 +75,7 @@ class Agent:
         self.head_job: str | None = None  # the head's job id this worker joined
         self.terminating = False
         self.stop_reason: str | None = None  # why the job was told to stop, if not a signal
+        self.was_up = False  # Ray came up here at least once
         # Set once the TERM has been acted on (the terminator thread); waits end on it.
         self._stopped = threading.Event()
         wake = os.pipe()  # a signal handler writes a byte to wake a wait (self-pipe)
@@ -169,7 +170,7 @@ class Agent:
         # `--signal=B:TERM@<s>` comes up to a minute early (Slurm's event resolution).
         drain = self.spec.drain_before_limit_s
         if drain and 0 < left <= drain + 60:
-            return (f"the job is {left / 60:.0f} min from its time limit "
+            return (f"the job is {max(1, round(left / 60))} min from its time limit "
                     f"(drain_before_limit_s: {drain})")
         if left <= 60:  # Slurm's TERM at the limit comes on time
             return "the job reached its time limit"
@@ -267,6 +268,7 @@ class Agent:
         return shellcmd.in_shell(prog.prefix, argv), env
 
     def mark_started(self, argv: list[str], env: dict[str, str]) -> None:
+        self.was_up = True
         ip = shellcmd.get_flag(argv, "--node-ip-address") or ""
         self.ndir.write_ray_up(RayUp(ip=ip, job_id=self.job_id))
         if self.spec.kind == "head":

@@ -54,8 +54,9 @@ class HeadAgent(Agent):
         while not self.terminating:
             req = self.wait_for_request(handled)
             if req is None:
-                if not self.terminating:
-                    log("no start command from `ray up` in time; ending the job")
+                if self.stopping():
+                    return 0  # told to stop before `ray up` sent a start command
+                log("no start command from `ray up` in time; ending the job")
                 return 1
             handled = req.id
             self.ndir.clear_ray_stop()
@@ -72,7 +73,9 @@ class HeadAgent(Agent):
                 return oneshot.CLUSTER_FAILED
             if self.terminating or not self.interrupted:
                 log(f"{self.ray_ended(code)}; the job ends")
-                return code
+                # Told to stop (`ray down`, the drain before its limit): a clean end, never
+                # FAILED in accounting (as for workers, worker.py).
+                return 0 if self.stopping() else code
             log("Ray stopped on request; waiting for the next start command")
         return 0
 

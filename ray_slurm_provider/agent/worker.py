@@ -101,8 +101,11 @@ class WorkerAgent(Agent):
             return code or 1
         log(f"{self.ray_ended(code)}; the job ends")
         # A stop the job was told of ends it cleanly: with Ray's exit code (1 after the TERM,
-        # 247 without a head) Slurm would record FAILED, a failure on every dashboard.
-        return 0 if self.terminating else code
+        # 247 without a head) Slurm would record FAILED, a failure on every dashboard. Not
+        # a worker whose head went away before its Ray ever came up: a type that cannot
+        # join its head must still count against it (provider/ends.py judges FAILED).
+        told = self.terminating and (self.was_up or self.stop_reason is None)
+        return 0 if told else code
 
     def watch_head(self) -> bool:
         """End this worker's job soon after its head is gone, or its job is (headwatch.py),

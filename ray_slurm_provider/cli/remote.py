@@ -24,9 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 
+from ray_slurm_provider.cli.common import CliError, Cluster, load_cluster, run_command
+from ray_slurm_provider.config import ConfigError
+from ray_slurm_provider.provider.laptop import LoginError, SshTransport, login_python
 from ray_slurm_provider.provider.wire import login_config
+from ray_slurm_provider.slurm.ssh import SshLink
 
 #: The commands a laptop runs on the login node.
 FORWARDED = frozenset({"status", "logs", "report"})
@@ -46,26 +51,40 @@ def streaming(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _html_option(token: str) -> bool:
+    """`--html`, `--html=F`, or an abbreviation argparse takes for it (`--ht`, `--htm=F`)."""
+    name = token.split("=", 1)[0]
+    return len(name) >= len("--ht") and "--html".startswith(name)
+
+
 def remote_argv(argv: list[str], args: argparse.Namespace) -> list[str]:
-    """`argv` for the login node: the config path and `--html`'s file replaced by
-    placeholders (both are the laptop's paths)."""
+    """`argv` for the login node: the config path and `--html`'s file (the laptop's paths)
+    replaced by placeholders. `--html` is dropped wherever it stood, in whatever form, and
+    given again at the end; only then is the config found, so a file named like the
+    config cannot take its place."""
     out = list(argv)
-    out[out.index(args.config, out.index(args.command) + 1)] = CONFIG_ARG
-    html = getattr(args, "html", None)
-    if html:
-        for i, a in enumerate(out):
-            if a == "--html" and i + 1 < len(out) and out[i + 1] == html:
-                out[i + 1] = HTML_ARG
-            elif a == f"--html={html}":
-                out[i] = f"--html={HTML_ARG}"
+    at = out.index(args.command) + 1
+    if getattr(args, "html", None):
+        kept = out[:at]
+        rest = iter(out[at:])
+        for token in rest:
+            if token == "--":
+                kept += [token, *rest]
+            elif _html_option(token):
+                if "=" not in token:
+                    next(rest, None)  # its value
+            else:
+                kept.append(token)
+        out = kept
+    out[out.index(args.config, at)] = CONFIG_ARG
+    if getattr(args, "html", None):
+        out += ["--html", HTML_ARG]
     return out
 
 
 def forward(argv: list[str], args: argparse.Namespace) -> int | None:
     """Run the command on the login node when its config has provider.ssh; its exit code,
     or None to run it here."""
-    from ray_slurm_provider.cli.common import CliError, load_cluster, run_command
-
     if args.command not in FORWARDED:
         return None
     try:
@@ -76,35 +95,57 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
         return None
 
     def body() -> int:
-        from ray_slurm_provider.provider.laptop import SshTransport, login_python
-        from ray_slurm_provider.slurm.ssh import SshLink
-
-        assert cluster.pcfg.ssh is not None
-        transport = SshTransport(SshLink(cluster.pcfg.ssh), login_python(cluster.pcfg),
-                                 module="ray_slurm_provider.cli.serve")
-        config = dict(cluster.config)
-        config["provider"] = login_config(config["provider"])
         # Output is shown as it comes; --watch and --follow run until Ctrl-C.
         timeout = None if streaming(args) else CALL_TIMEOUT_S
-        reply = transport.call({"argv": remote_argv(argv, args), "config": config}, timeout)
+        try:
+            reply = login_side(cluster).call({"argv": remote_argv(argv, args),
+                                              "config": login_only(cluster)}, timeout)
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 130 if streaming(args) is None else 0  # as --watch ends on the login node
+        except (click.ClickException, LoginError, ConfigError) as e:
+            raise CliError(e.format_message() if isinstance(e, click.ClickException)
+                           else str(e)) from e
         html = getattr(args, "html", None)
         if html and reply.get("html") is not None:
-            Path(html).write_bytes(base64.b64decode(reply["html"]))
+            try:
+                Path(html).write_bytes(base64.b64decode(reply["html"]))
+            except OSError as e:
+                raise CliError(f"cannot write {html}: {e.strerror or e}") from e
+            print(f"ray-slurm: the page is {html} (here; the login node's copy is gone)",
+                  file=sys.stderr)
         return int(reply["code"])
 
     return run_command(body)
 
 
+def login_side(cluster: Cluster) -> SshTransport:
+    """The login node's `ray-slurm` (cli/serve.py) over the cluster's connection."""
+    assert cluster.pcfg.ssh is not None
+    return SshTransport(SshLink(cluster.pcfg.ssh), login_python(cluster.pcfg),
+                        module="ray_slurm_provider.cli.serve")
+
+
+def login_only(cluster: Cluster) -> dict[str, Any]:
+    """The cluster's config as the login node runs it: without `ssh`."""
+    config = dict(cluster.config)
+    config["provider"] = login_config(config["provider"])
+    return config
+
+
 def run(request: dict[str, Any], command: Callable[[list[str]], int]) -> dict[str, Any]:
     """The login node's half (cli/serve.py): `command` (cli.main.main) on the request's
     command line, with a private copy of its config."""
+    argv = list(request["argv"])
+    if not argv or argv[0] not in FORWARDED:
+        raise ValueError(f"not a command a laptop runs here: {argv[:1]}")
     work = tempfile.mkdtemp(prefix="rsp-remote-")  # 0700: the config names the token's path
     try:
         config = os.path.join(work, "cluster.yaml")
         html = os.path.join(work, "report.html")
         Path(config).write_text(yaml.safe_dump(request["config"]))
         given = {CONFIG_ARG: config, HTML_ARG: html, f"--html={HTML_ARG}": f"--html={html}"}
-        argv = [given.get(a, a) for a in request["argv"]]
+        argv = [given.get(a, a) for a in argv]
         try:
             code = command(argv)
         except SystemExit as e:  # argparse: a command line this package does not take

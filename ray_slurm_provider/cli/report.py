@@ -48,6 +48,9 @@ from ray_slurm_provider.units import fmt_duration
 END_OF = {"CANCELLED": "scancel", "TIMEOUT": "walltime", "DEADLINE": "walltime",
           "PREEMPTED": "preemption", "NODE_FAIL": "node failure", "BOOT_FAIL": "node failure",
           "FAILED": "failure", "OUT_OF_MEMORY": "failure", "COMPLETED": "completed"}
+#: How long before our cancel a clean end still counts as our stop: a worker's head watch
+#: (agent/headwatch.py) sees the head gone within seconds of `ray stop` on the head.
+OUR_STOP_S = 30.0
 #: Final states a stop of ours can cause too: a cancel, or a node agent that ended its job
 #: with an error code while it was being stopped (Slurm then says FAILED).
 BY_ANYONE = frozenset({"CANCELLED", "COMPLETED", "FAILED", "OUT_OF_MEMORY"})
@@ -65,8 +68,11 @@ def end_of(rec: JobRecord) -> str:
     if rec.state in END_OF and rec.state not in BY_ANYONE:
         return END_OF[rec.state]
     # Our cancel counts unless Slurm had ended the job before it was sent (Ray's terminate
-    # call for a node whose job a user had just scancelled, or that had failed).
-    if rec.by and not (rec.slurm_end and rec.slurm_end < rec.cancelled - 1.0):
+    # call for a node whose job a user had just scancelled, or that had failed). A clean end
+    # (COMPLETED) in the moments before it was our stop too: at `ray down` the head's Ray
+    # stops first, and each worker's agent ends its job when it sees its head gone.
+    before = OUR_STOP_S if rec.state == "COMPLETED" else 1.0
+    if rec.by and not (rec.slurm_end and rec.slurm_end < rec.cancelled - before):
         return rec.by
     if rec.state in END_OF:
         return END_OF[rec.state]

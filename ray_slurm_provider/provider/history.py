@@ -427,7 +427,8 @@ class Recorder:
         out.extend(Event("gone", now, job=j, state=state) for j, state in gone.items())
         self._write(out, run)
 
-    def cancelled(self, jobs: Sequence[str], down: bool) -> None:
-        now = self.clock()
+    def cancelled(self, jobs: Sequence[str], down: bool, at: float | None = None) -> None:
+        """`at`: when the cancel was sent (the records' clock), else now."""
+        now = self.clock() if at is None else at
         by = BY_DOWN if down else BY_AUTOSCALER
         self._write([Event("cancel", now, job=j, by=by) for j in jobs])

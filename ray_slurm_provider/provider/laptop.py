@@ -16,6 +16,7 @@ import os
 import stat
 import sys
 import tarfile
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import click
@@ -70,21 +71,27 @@ def parse_reply(stdout: str) -> tuple[str, Any]:
     return printed, reply.get("ok")
 
 
+#: What a shown call keeps of its output besides showing it: the reply line is the last.
+SHOWN_KEPT = 1024 * 1024
+
+
 class Shown:
     """Writes what a call prints to stdout as it comes, but not the reply: a line that
-    starts with MARKER, with the newline before it (serve's separator, not the output's)."""
+    starts with MARKER, and the empty line serve's separator makes before it when the
+    output ended with a newline (held back until the next line tells which it is)."""
 
     def __init__(self) -> None:
-        self.newline = False
+        self.held = False
 
     def line(self, text: str) -> None:
         if text.startswith(wire.MARKER):
-            self.newline = False
+            self.held = False
             return
-        if self.newline:
-            sys.stdout.write("\n")
-        self.newline = text.endswith("\n")
-        sys.stdout.write(text[:-1] if self.newline else text)
+        self.end()
+        if text == "\n":
+            self.held = True
+            return
+        sys.stdout.write(text)
         sys.stdout.flush()
 
     def err(self, text: str) -> None:
@@ -92,10 +99,11 @@ class Shown:
         sys.stderr.flush()
 
     def end(self) -> None:
-        """No reply came: the last line's newline was the output's own."""
-        if self.newline:
+        """An empty line held back was the output's own."""
+        if self.held:
             sys.stdout.write("\n")
-            self.newline = False
+            sys.stdout.flush()
+            self.held = False
 
 
 class SshTransport:
@@ -114,21 +122,35 @@ class SshTransport:
         one line (Ray prints a ClickException without a traceback)."""
         shown = Shown()
         try:
-            res = self.link.stream([self.python, "-m", self.module], on_line=shown.line,
-                                   on_err=shown.err, input=json.dumps(request),
-                                   timeout=timeout)
+            return self._exchange(request, timeout, shown.line, shown.err, keep=SHOWN_KEPT)[2]
+        finally:
+            shown.end()
+
+    def ask(self, request: dict[str, Any], timeout: float | None) -> tuple[str, str, Any]:
+        """What the call printed on stdout and on stderr, and its reply; nothing is shown
+        (the Python API reads a command's output)."""
+        return self._exchange(request, timeout, lambda _: None, lambda _: None)
+
+    def _exchange(self, request: dict[str, Any], timeout: float | None,
+                  on_line: Callable[[str], None],
+                  on_err: Callable[[str], None],
+                  keep: int | None = None) -> tuple[str, str, Any]:
+        """(what the call printed, or its end with `keep`; its stderr; its reply)."""
+        try:
+            res = self.link.stream([self.python, "-m", self.module], on_line=on_line,
+                                   on_err=on_err, input=json.dumps(request), timeout=timeout,
+                                   keep=keep)
         except SshError as e:
             raise click.ClickException(f"provider.ssh: {e}") from e
         except proc.CommandError as e:
             raise click.ClickException(f"provider.ssh: {request.get('op', 'a call')} on "
                                        f"{self.link.cfg.host}: {e}") from e
-        finally:
-            shown.end()
         if res.returncode != 0 and wire.MARKER not in res.stdout:
             said = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
             raise LoginError(f"{self.python} -m {self.module} failed on "
                              f"{self.link.cfg.host}: {said}")
-        return parse_reply(res.stdout)[1]
+        printed, value = parse_reply(res.stdout)
+        return printed, res.stderr, value
 
 
 def login_python(pcfg: ProviderConfig) -> str:

@@ -357,6 +357,9 @@ class SlurmNodeProvider(NodeProvider):
         live = [j for j in jobs if j in self._nodes or f"{j}.0" in self._nodes]
         if down:
             self.cluster_dir.mark_teardown()  # the head goes: its workers skip Ray's drain
+        # When it was sent: Slurm stamps the end when it takes the cancel, and a throttled
+        # scancel returns seconds later (the report compares the two).
+        sent = self.records.clock()
         try:
             # One call, tried again if Slurm does not answer; jobs already gone are fine.
             cancel_jobs(self.slurm, jobs, self._sleep)
@@ -369,7 +372,7 @@ class SlurmNodeProvider(NodeProvider):
             for job_id in jobs:
                 self._cancelling(job_id, now)
         self.cluster_dir.forget(dirs)
-        self.records.cancelled(live, down or self.cluster_dir.teardown_marked())
+        self.records.cancelled(live, down or self.cluster_dir.teardown_marked(), at=sent)
         logger.info("Cancelled Slurm jobs %s", ", ".join(jobs))
         if down:  # `ray down`: done once Slurm has ended them (teardown.py)
             self.teardown.wait_for_jobs_to_end(jobs, self._clock, self._sleep)

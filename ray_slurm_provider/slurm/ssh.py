@@ -223,11 +223,12 @@ class SshLink:
 
     def stream(self, argv: Sequence[str], *, on_line: Callable[[str], None],
                on_err: Callable[[str], None], input: str | None = None,
-               timeout: float | None = 60.0) -> proc.Result:
+               timeout: float | None = 60.0, keep: int | None = None) -> proc.Result:
         """`run` without `check`, its output handed over line by line as it comes
-        (proc.stream)."""
+        (proc.stream; `keep`: how much of it to return)."""
         res = proc.stream(ssh_argv(self.cfg, self.control, remote_command(argv)),
-                          on_line=on_line, on_err=on_err, input=input, timeout=timeout)
+                          on_line=on_line, on_err=on_err, input=input, timeout=timeout,
+                          keep=keep)
         return self._result(argv, res, False)
 
     def _result(self, argv: Sequence[str], res: proc.Result, check: bool) -> proc.Result:

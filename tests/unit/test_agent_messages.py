@@ -67,3 +67,55 @@ def test_ray_ending_on_its_own_still_says_its_exit_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, _ = agent(tmp_path, monkeypatch, [])
     assert a.ray_ended(1) == "Ray exited with code 1"
+
+
+class HeadGoneBeforeUp(FakeChild):
+    """`ray start --block` that never comes up (it cannot reach its head), then the head's
+    watch ends the worker."""
+
+    def __init__(self, a: WorkerAgent) -> None:
+        super().__init__([], 1)
+        self.a = a
+        self.stdout = self.lines()  # type: ignore[assignment]
+
+    def lines(self) -> Iterator[str]:
+        yield "Waiting for the GCS...\n"
+        self.a.on_head_gone("the head's Ray stopped")
+
+
+def test_a_worker_whose_head_went_before_its_ray_came_up_still_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its job must stay FAILED: a type whose nodes never join their head is held back
+    (provider/ends.py), and an exit 0 would hide it."""
+    a, _ = agent(tmp_path, monkeypatch, [])
+    monkeypatch.setattr("ray_slurm_provider.proc.start",
+                        lambda argv, env=None, new_session=False: HeadGoneBeforeUp(a))
+    assert a.run() == 1
+
+
+@pytest.mark.parametrize("when", ["waiting", "running"])
+def test_a_head_told_to_stop_ends_its_job_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """`ray down`, or the drain before the head's limit: the head's job ended FAILED (Ray's
+    exit code 1, or 1 for a TERM while it waited for `ray up`'s start command)."""
+    from ray_slurm_provider.agent.head import HeadAgent
+    from ray_slurm_provider.nodespec import NodeSpec
+    from ray_slurm_provider.state import StartRequest
+
+    spec = NodeSpec(kind="head", node_type="head", cluster_name="c1", state_dir=str(tmp_path),
+                    ports_base=25000, temp_dir_root=str(tmp_path / "tmp"))
+    a = HeadAgent(spec, {"SLURM_JOB_ID": "5", "HOME": str(tmp_path)})
+
+    def wait(handled: str) -> StartRequest | None:
+        if when == "waiting":
+            a.terminating = True
+            return None
+        return StartRequest(id="r1", ray_start=["ray", "start", "--head"])
+
+    def once(req: StartRequest) -> int:
+        a.terminating = True  # the TERM came while Ray ran; `ray start --block` exits 1
+        return 1
+
+    monkeypatch.setattr(a, "wait_for_request", wait)
+    monkeypatch.setattr(a, "head_once", once)
+    assert a.run() == 0

@@ -48,7 +48,7 @@ def login_node(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     def stream(self: SshLink, argv: list[str], *, on_line: Callable[[str], None],
                on_err: Callable[[str], None], input: str = "",
-               timeout: float | None = 0) -> proc.Result:
+               timeout: float | None = 0, keep: int | None = None) -> proc.Result:
         assert argv == ["/login/venv/bin/python", "-m", "ray_slurm_provider.cli.serve"]
         seen.append({"timeout": timeout})
         out = io.StringIO()
@@ -119,12 +119,50 @@ def test_without_ssh_or_for_other_commands_nothing_is_forwarded(
 
 def test_the_reply_is_the_last_line_after_what_the_command_printed(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(
-        {"argv": ["nosuchcommand"], "config": CONFIG})))
-    assert serve.main() == 0
-    out = capsys.readouterr()
-    reply = json.loads(out.out.rsplit("\x1erayslurm-reply ", 1)[1])
+    def reply_to(argv: list[str]) -> dict[str, Any]:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(
+            {"argv": argv, "config": CONFIG})))
+        assert serve.main() == 0
+        out = capsys.readouterr()
+        return dict(json.loads(out.out.rsplit("\x1erayslurm-reply ", 1)[1]))
+
     # argparse's exit (a laptop with a newer package) is the command's exit code, not a
     # traceback; its words went to stderr.
-    assert reply == {"ok": {"code": 2, "html": None}}
-    assert "invalid choice: 'nosuchcommand'" in out.err
+    assert reply_to(["status", remote.CONFIG_ARG, "--nosuch"]) == {
+        "ok": {"code": 2, "html": None}}
+    # Only the forwarded commands run there.
+    assert reply_to(["sandbox", "down"])["error"]["kind"] == "ValueError"
+
+
+@pytest.mark.parametrize(("argv", "sent"), [
+    (["report", "C", "--html", "p.html"], ["report", "{config}", "--html", "{html}"]),
+    (["report", "--htm", "p.html", "C", "--json"],
+     ["report", "{config}", "--json", "--html", "{html}"]),
+    (["report", "--ht=p.html", "C"], ["report", "{config}", "--html", "{html}"]),
+    (["report", "--html", "C", "C"], ["report", "{config}", "--html", "{html}"]),
+    (["status", "status"], ["status", "{config}"]),
+])
+def test_the_laptop_s_paths_never_reach_the_login_node(argv: list[str],
+                                                       sent: list[str]) -> None:
+    assert remote.remote_argv(argv, cli.parse(argv)) == sent
+
+
+def test_a_lost_connection_or_ctrl_c_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import click
+
+    path = write(tmp_path, CONFIG)
+    failure: list[BaseException] = [click.ClickException("provider.ssh: cannot reach it")]
+
+    def stream(self: SshLink, argv: list[str], **kw: Any) -> proc.Result:
+        raise failure[0]
+
+    monkeypatch.setattr(SshLink, "stream", stream)
+    assert remote.forward(["status", path], cli.parse(["status", path])) == 2
+    assert capsys.readouterr().err == "ray-slurm: provider.ssh: cannot reach it\n"
+    failure[0] = KeyboardInterrupt()
+    assert remote.forward(["status", path, "--watch"],
+                          cli.parse(["status", path, "--watch"])) == 0
+    assert remote.forward(["status", path], cli.parse(["status", path])) == 130
+    assert "Traceback" not in capsys.readouterr().err

@@ -317,16 +317,19 @@ def test_ray_down_ends_even_when_the_tunnels_cannot_be_closed(
 
 def test_what_a_call_prints_is_shown_as_it_comes_without_the_reply(
         capsys: pytest.CaptureFixture[str]) -> None:
+    reply = serve.reply_line({"op": "version"})  # "\n" + MARKER + JSON + "\n"
+
+    def show(text: str) -> str:
+        shown = laptop.Shown()
+        for line in re.findall(r"[^\n]*\n|[^\n]+$", text):  # as a pipe reads (not \x1e)
+            shown.line(line)
+        shown.end()
+        return capsys.readouterr().out
+
     shown = laptop.Shown()
-    reply = "\n" + serve.reply_line({"op": "version"}).lstrip("\n")
-    text = "one\ntwo, no newline" + reply
-    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):  # as a pipe reads (not \x1e)
-        shown.line(line)
-        if line == "one\n":
-            assert capsys.readouterr().out == "one"  # before the call ends
-    shown.end()
-    assert capsys.readouterr().out == "\ntwo, no newline"
-    for line in ["a\n", "b\n"]:  # no reply (a crash): every newline is the output's
-        shown.line(line)
-    shown.end()
-    assert capsys.readouterr().out == "a\nb\n"
+    shown.line("one\n")
+    assert capsys.readouterr().out == "one\n"  # at once, before the call ends
+    assert show("one\ntwo\n" + reply) == "one\ntwo\n"  # not the separator's empty line
+    assert show("one\n\n\ntwo\n" + reply) == "one\n\n\ntwo\n"  # the output's own
+    assert show("no newline" + reply) == "no newline\n"
+    assert show("a\nb\n\n") == "a\nb\n\n"  # no reply (a crash): all of it

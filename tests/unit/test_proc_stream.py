@@ -63,3 +63,12 @@ def test_an_error_of_the_caller_ends_the_command() -> None:
 def test_a_missing_command_is_typed() -> None:
     with pytest.raises(proc.CommandNotFound):
         proc.stream(["rsp-no-such-command"], on_line=print, on_err=print)
+
+
+def test_keep_bounds_what_comes_back_but_never_cuts_the_last_line() -> None:
+    seen: list[str] = []
+    res = proc.stream([sys.executable, "-c",
+                       "for i in range(1000): print('x' * 99)\nprint('R' * 500)"],
+                      on_line=seen.append, on_err=seen.append, keep=1000)
+    assert len(seen) == 1001  # every line was handed over
+    assert res.stdout.endswith("R" * 500 + "\n") and len(res.stdout) <= 1000 + 600

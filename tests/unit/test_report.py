@@ -335,3 +335,45 @@ def test_a_job_that_failed_as_we_stopped_it_was_ended_by_us() -> None:
     rec.by = ""
     rec.slurm_end = T0 + 10.3
     assert end_of(rec) == "failure"
+
+
+def test_a_slow_cancel_is_stamped_when_it_was_sent(tmp_path: Path) -> None:
+    """On a throttled controller scancel returns seconds after Slurm took it (and stamped
+    the job's end): the records keep the time the cancel was sent, so the report still says
+    the autoscaler ended the job, not someone's scancel."""
+    from ray_slurm_provider.cli.report import end_of
+    from ray_slurm_provider.provider.history import History
+
+    clock = FakeClock(T0)
+    fake = FakeSlurm(clock)
+    p, c, head_tags, worker_tags = _provider(tmp_path, fake, clock)
+    p.create_node({}, head_tags, 1)
+    (w,) = p.create_node({}, worker_tags, 1)
+    fake.start(w)
+    p.non_terminated_nodes({})
+    taken = fake.cancel
+
+    def throttled(job_ids: Any) -> None:
+        taken(job_ids)  # Slurm ends the job now...
+        clock.advance(5.0)  # ...and scancel returns 5 s later
+
+    fake.cancel = throttled  # type: ignore[method-assign]
+    p.terminate_node(w)
+    rec = History(c.cdir.root).read(History(c.cdir.root).current() or "").jobs[w]
+    rec.state, rec.slurm_end = "CANCELLED", T0  # what sacct says
+    assert rec.cancelled == T0 and end_of(rec) == "autoscaler"
+
+
+def test_a_clean_end_just_before_our_cancel_was_our_stop() -> None:
+    """At `ray down` the head's Ray stops first; each worker's agent sees its head gone and
+    ends its job cleanly (COMPLETED) seconds before the provider's cancel reaches it."""
+    from ray_slurm_provider.cli.report import end_of
+    from ray_slurm_provider.provider.history import JobRecord
+
+    rec = JobRecord("1", by="ray down", cancelled=T0 + 10, slurm_end=T0 + 4,
+                    state="COMPLETED", ended=T0 + 12)
+    assert end_of(rec) == "ray down"
+    rec.slurm_end = T0 - 60  # long before: it ended by itself (a drain, a one-shot's end)
+    assert end_of(rec) == "completed"
+    rec.state, rec.slurm_end = "CANCELLED", T0 + 4  # a user's scancel just before ours
+    assert end_of(rec) == "scancel"
