@@ -1,8 +1,11 @@
-"""A Ray cluster on Slurm from a notebook (or a script), on the login node.
+"""A Ray cluster on Slurm from a notebook (or a script), on the login node or a laptop.
 
 Cells in the `# %%` format (VS Code, Jupyter with jupytext, or `python examples/notebook.py`).
 The config is any cluster YAML that `ray up` takes; the sandbox's works after
-`ray-slurm sandbox up` and `source /tmp/rsp-sandbox/env.sh`.
+`ray-slurm sandbox up` and `source /tmp/rsp-sandbox/env.sh`. On a laptop, use a config with
+`provider.ssh` and `provider.python` (the sandbox's: cluster-configs/sandbox-login.yaml after
+`ray-slurm sandbox up --users 1 --login`): the same cells then reach the cluster through the
+login node and its tunnels.
 """
 
 # %%

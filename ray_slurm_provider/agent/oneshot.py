@@ -72,13 +72,16 @@ def job_client(cdir: ClusterDir, head: HeadInfo, auth_mode: str) -> Any:
     """Ray's job client for the cluster's dashboard, with the cluster's token. The token goes
     in the client's own header: Ray reads RAY_AUTH_MODE once, when it is first imported, so
     setting the variable here would come too late."""
+    token = (cdir.root / auth.TOKEN_FILE).read_text().strip() if auth_mode == "token" else None
+    return client_at(f"http://{head.ip}:{head.dashboard_port}", token)
+
+
+def client_at(url: str, token: str | None) -> Any:
+    """Ray's job client for the dashboard at `url`, with `token` in its header if given."""
     from ray.job_submission import JobSubmissionClient
 
-    headers = {}
-    if auth_mode == "token":
-        token = (cdir.root / auth.TOKEN_FILE).read_text().strip()
-        headers["Authorization"] = f"Bearer {token}"
-    return JobSubmissionClient(f"http://{head.ip}:{head.dashboard_port}", headers=headers)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return JobSubmissionClient(url, headers=headers)
 
 
 def run_entrypoint(cdir: ClusterDir, head: HeadInfo, auth_mode: str, req: StartRequest,

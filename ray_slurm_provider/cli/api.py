@@ -24,11 +24,12 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ray_slurm_provider import proc, rayapi
 from ray_slurm_provider.agent import oneshot
-from ray_slurm_provider.cli import env, logs, run, status
+from ray_slurm_provider.cli import env, logs, remote, run, status, tunnels
 from ray_slurm_provider.cli.common import CliError, Cluster, load_cluster
 from ray_slurm_provider.slurm.client import SlurmError
 from ray_slurm_provider.state import HeadInfo
@@ -91,15 +92,32 @@ class SlurmCluster:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
+    @property
+    def laptop(self) -> bool:
+        """The config has provider.ssh: Slurm and the cluster directory are the login
+        node's, reached over the connection (cli/remote.py, cli/tunnels.py)."""
+        return self.cluster.pcfg.ssh is not None
+
+    def _heads(self) -> tuple[str | None, tuple[str, str] | None]:
+        """The head's job id while its Ray is up, and (job id, state) of a head job that
+        Slurm lists but whose Ray is not up yet."""
+        if not self.laptop:
+            live = run.running_head(self.cluster)
+            starting = run.starting_head(self.cluster, live)
+            return live, (starting.job_id, starting.state) if starting else None
+        heads = [r for r in self.status()["nodes"] if r["kind"] == "head"]
+        live = next((str(r["job_id"]) for r in heads if r["ray_up"]), None)
+        other = next((r for r in heads if not r["ray_up"] and str(r["job_id"]) != live), None)
+        return live, (str(other["job_id"]), str(other["state"])) if other else None
+
     def up(self) -> SlurmCluster:
         """`ray up`: submit the head and wait until its Ray is up. A failed or interrupted
         `ray up` is followed by `ray down`, so that no job of it is left."""
         with _typed("cannot ask Slurm whether the cluster is up"):
-            live = run.running_head(self.cluster)
-            starting = run.starting_head(self.cluster, live)
+            live, starting = self._heads()
         if starting is not None:
             raise ClusterError(f"cluster {self.cluster.name!r} is not up yet: its head job "
-                               f"{starting.job_id} is {starting.state}; wait until it is up "
+                               f"{starting[0]} is {starting[1]}; wait until it is up "
                                "(then pass reuse=True), or take it down: down()")
         if live is not None:
             if not self.reuse:
@@ -139,7 +157,12 @@ class SlurmCluster:
     # --- addresses ---------------------------------------------------------------------------
 
     def _head(self) -> tuple[HeadInfo, dict[str, str]]:
+        """The head, and the exports that reach it: from a laptop, through the tunnels of
+        `ray-slurm env` (opened, or reopened, here)."""
         with _typed("no head"):
+            if self.laptop:
+                head, variables, _ = tunnels.tunnel_env(self.cluster)
+                return head, variables
             return env.head_env(self.cluster)
 
     @property
@@ -155,6 +178,8 @@ class SlurmCluster:
         (Ray reads it from the environment), as `eval "$(ray-slurm env ...)"` would."""
         head, variables = self._head()
         rayapi.use_auth({k: v for k, v in variables.items() if k.startswith("RAY_AUTH_")})
+        if self.laptop:
+            return variables["RAY_ADDRESS"]  # the tunnel's ray://127.0.0.1:<port>
         return f"ray://{head.ip}:{head.client_port}"
 
     @property
@@ -165,12 +190,19 @@ class SlurmCluster:
     @property
     def gcs_address(self) -> str:
         """The head's GCS: `ray status --address`, `ray.init` on a node of the cluster."""
+        if self.laptop:
+            raise ClusterError("the head's GCS is not reachable from a laptop (no tunnel "
+                               "goes there): use address (Ray Client) or dashboard_url")
         return self._head()[1]["RAY_GCS_ADDRESS"]
 
     def job_client(self) -> Any:
         """Ray's JobSubmissionClient for the cluster's dashboard, with its token."""
-        head, _ = self._head()
+        head, variables = self._head()
         with _typed("cannot reach the dashboard"):
+            if self.laptop:  # the tunnel, with the laptop's copy of the token
+                token = variables.get("RAY_AUTH_TOKEN_PATH")
+                return oneshot.client_at(variables["RAY_DASHBOARD_URL"],
+                                         Path(token).read_text().strip() if token else None)
             return oneshot.job_client(self.cluster.cdir, head, self.cluster.pcfg.auth.mode)
 
     # --- what the commands show --------------------------------------------------------------
@@ -180,6 +212,10 @@ class SlurmCluster:
         left), the head's addresses, launch errors; `ended`: how the last N nodes that left
         the queue ended (sacct)."""
         with _typed("cannot list the cluster's jobs"):
+            if self.laptop:
+                out = remote.run_there(self.cluster, ["status", remote.CONFIG_ARG, "--json",
+                                                      "--ended", str(ended)])
+                return dict(json.loads(out))
             return status.status_data(self.cluster, ended)
 
     def status_table(self, ended: int = 0) -> str:
@@ -190,6 +226,10 @@ class SlurmCluster:
         """What node `node` (a Slurm job id, or `head`) printed: its agent's and Ray's
         start-up output; `lines`: only the last N."""
         with _typed(f"cannot read the log of {node}"):
+            if self.laptop:
+                lines_arg = ["--lines", str(lines)] if lines else []
+                return remote.run_there(self.cluster,
+                                        ["logs", remote.CONFIG_ARG, node, *lines_arg])
             job = logs.resolve_job(self.cluster, node)
             if job is None:
                 raise ClusterError("name a node: a Slurm job id, or `head`")

@@ -119,6 +119,24 @@ def forward(argv: list[str], args: argparse.Namespace) -> int | None:
     return run_command(body)
 
 
+def run_there(cluster: Cluster, argv: list[str]) -> str:
+    """`ray-slurm ARGV` (CONFIG_ARG stands for the config) on the login node, its output
+    not shown (the Python API reads it): what it printed. CliError with its last words when
+    it fails."""
+    try:
+        printed, err, reply = login_side(cluster).ask(
+            {"argv": argv, "config": login_only(cluster)}, CALL_TIMEOUT_S)
+    except (click.ClickException, LoginError, ConfigError) as e:
+        raise CliError(e.format_message() if isinstance(e, click.ClickException)
+                       else str(e)) from e
+    if reply["code"] != 0:
+        said = err.strip().splitlines() or [f"exit code {reply['code']}"]
+        host = cluster.pcfg.ssh.host if cluster.pcfg.ssh else "the login node"
+        raise CliError(f"`ray-slurm {argv[0]}` on {host}: "
+                       f"{said[-1].removeprefix('ray-slurm: ')}")
+    return printed
+
+
 def login_side(cluster: Cluster) -> SshTransport:
     """The login node's `ray-slurm` (cli/serve.py) over the cluster's connection."""
     assert cluster.pcfg.ssh is not None

@@ -143,8 +143,9 @@ def version_warnings(cluster: Cluster, link: SshLink) -> list[str]:
     return out
 
 
-def open_tunnels(cluster: Cluster) -> list[str]:
-    """Open (or reopen) the forwards; the export lines and how to close them."""
+def tunnel_env(cluster: Cluster) -> tuple[HeadInfo, dict[str, str], dict[str, int]]:
+    """Open (or reopen) the forwards: the head, the exports that point Ray's client tools
+    at them, and the local ports."""
     link = cluster.remote
     assert link is not None
     try:
@@ -175,6 +176,14 @@ def open_tunnels(cluster: Cluster) -> list[str]:
         raise CliError(str(e)) from e
     except proc.CommandError as e:  # ssh itself hung, or a command there failed
         raise CliError(f"over ssh to {link.cfg.host}: {e}") from e
+    return head, env, ports
+
+
+def open_tunnels(cluster: Cluster) -> list[str]:
+    """Open (or reopen) the forwards; the export lines and how to close them."""
+    link = cluster.remote
+    assert link is not None
+    head, env, ports = tunnel_env(cluster)
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append(f"# tunnels over ssh to {link.cfg.host}: 127.0.0.1:{ports['dashboard']} -> "
                  f"dashboard {head.ip}:{head.dashboard_port}, 127.0.0.1:{ports['client']} -> "

@@ -218,3 +218,31 @@ def test_report_from_the_laptop_after_down(laptop: Laptop) -> None:
     assert [j["end"] for j in heads] == ["ray down"], data["jobs"]
     assert page.read_text().startswith("<!DOCTYPE html>") or "<html" in page.read_text()
     assert not laptop.marker.exists(), laptop.marker.read_text()
+
+
+#: The Python API from the laptop: up, a task through Ray Client over the tunnel, the login
+#: node's status and log, then down when the `with` block ends.
+API_CYCLE = """
+import json, sys, ray
+from ray_slurm_provider import SlurmCluster
+with SlurmCluster(sys.argv[1]) as c:
+    ray.init(c.address)
+    where = ray.get(ray.remote(num_cpus=0)(lambda: ray.get_runtime_context().get_node_id())
+                    .remote())
+    ray.shutdown()
+    heads = [r for r in c.status()["nodes"] if r["kind"] == "head"]
+    print("API", json.dumps({"address": c.address, "task_node": where, "heads": heads,
+                             "log": "[ray-slurm " in c.logs("head", lines=50)}))
+"""
+
+
+def test_the_python_api_from_the_laptop(laptop: Laptop) -> None:
+    """After `ray down` from the laptop (the test before): the API's own cycle."""
+    rc, out, err = laptop.run(sys.executable, "-c", API_CYCLE, str(laptop.config), timeout=600)
+    assert rc == 0, (out + err)[-4000:]
+    got = json.loads(next(x for x in out.splitlines() if x.startswith("API "))[4:])
+    assert got["address"].startswith("ray://127.0.0.1:"), got
+    assert got["task_node"] and got["log"], got
+    assert [(h["ray_up"], h["state"]) for h in got["heads"]] == [(True, "RUNNING")], got
+    assert laptop.cluster.jobs() == []  # the `with` block took it down
+    assert not laptop.marker.exists(), laptop.marker.read_text()

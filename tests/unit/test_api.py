@@ -239,3 +239,72 @@ def test_the_package_exports_the_api_lazily() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- from a laptop (provider.ssh): the login node runs the commands, tunnels reach the head ---
+
+class LoginNode:
+    """What the login node answers over the connection (cli/remote.run_there) and the
+    tunnels' exports (cli/tunnels.tunnel_env), recorded."""
+
+    def __init__(self, heads: list[dict[str, Any]]) -> None:
+        self.heads = heads
+        self.argvs: list[list[str]] = []
+
+    def run_there(self, cluster: Any, argv: list[str]) -> str:
+        self.argvs.append(argv)
+        if argv[0] == "status":
+            return json.dumps({"nodes": self.heads})
+        return "the head's log\n"
+
+    def tunnel_env(self, cluster: Any) -> tuple[HeadInfo, dict[str, str], dict[str, int]]:
+        head = HeadInfo(job_id="7", ip="10.0.0.5", gcs_port=24000, dashboard_port=24001,
+                        client_port=24002)
+        return head, {"RAY_ADDRESS": "ray://127.0.0.1:40002",
+                      "RAY_DASHBOARD_URL": "http://127.0.0.1:40001",
+                      "RAY_AUTH_MODE": "disabled"}, {"client": 40002, "dashboard": 40001}
+
+
+def laptop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+           heads: list[dict[str, Any]]) -> tuple[SlurmCluster, LoginNode, list[list[str]]]:
+    from ray_slurm_provider.cli import remote, tunnels
+
+    config = yaml.safe_load(SANDBOX_YAML.read_text())
+    config["provider"].update(python="/login/venv/bin/python",
+                              ssh={"host": "login.example.org", "user": "me"})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    login = LoginNode(heads)
+    monkeypatch.setattr(remote, "run_there", login.run_there)
+    monkeypatch.setattr(tunnels, "tunnel_env", login.tunnel_env)
+    calls: list[list[str]] = []
+    c = SlurmCluster(path, reuse=True, ray=lambda args, timeout: calls.append(args) or 0)
+    return c, login, calls
+
+
+def test_from_a_laptop_the_login_node_answers_and_tunnels_reach_the_head(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    up = [{"kind": "head", "job_id": "7", "state": "RUNNING", "ray_up": True}]
+    c, login, calls = laptop(tmp_path, monkeypatch, up)
+    assert c.laptop
+    assert c.up() is c and calls == []  # reuse: it is up (the login node said so)
+    assert login.argvs[-1] == ["status", "{config}", "--json", "--ended", "0"]
+    assert c.address == "ray://127.0.0.1:40002"  # the tunnel, not the head's own address
+    assert c.dashboard_url == "http://127.0.0.1:40001"
+    with pytest.raises(ClusterError, match="not reachable from a laptop"):
+        _ = c.gcs_address
+    assert c.logs("head", lines=5) == "the head's log\n"
+    assert login.argvs[-1] == ["logs", "{config}", "head", "--lines", "5"]
+    c.down()
+    assert calls == [["down", "-y", str(tmp_path / "c.yaml")]]  # `ray down`, on the laptop
+
+
+def test_from_a_laptop_a_head_still_starting_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    starting = [{"kind": "head", "job_id": "8", "state": "PENDING", "ray_up": False}]
+    c, _, calls = laptop(tmp_path, monkeypatch, starting)
+    with pytest.raises(ClusterError, match="its head job 8 is PENDING"):
+        c.up()
+    c, _, calls = laptop(tmp_path, monkeypatch, [])
+    c.up()
+    assert calls[0][:3] == ["up", "-y", "--no-config-cache"]  # none: `ray up` from the laptop
