@@ -60,9 +60,15 @@ class Forwarder:
         self.sock.close()
 
 
+def targets(pairs: Iterable[tuple[int, int]], host: str,
+            remap: dict[int, int]) -> list[tuple[int, str, int]]:
+    """(local port, host, remote port) per (local, remote) pair; `remap` translates Ray's
+    default remote ports (8265) into this cluster's."""
+    return [(int(lp), host, remap.get(int(rp), int(rp))) for lp, rp in pairs]
+
+
 def forward_all(pairs: Iterable[tuple[int, int]], host: str, remap: dict[int, int]) -> list[
     Forwarder
 ]:
-    """Start one forwarder per (local, remote) pair; `remap` translates Ray's default remote
-    ports (8265) into this cluster's."""
-    return [Forwarder(int(lp), host, remap.get(int(rp), int(rp))) for lp, rp in pairs]
+    """Start one forwarder per `targets` entry."""
+    return [Forwarder(lp, h, rp) for lp, h, rp in targets(pairs, host, remap)]

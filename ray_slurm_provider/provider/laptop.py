@@ -9,14 +9,14 @@ so the head's autoscaler never sees `ssh`. The laptop keeps only the last listin
 
 from __future__ import annotations
 
-import base64
-import io
+import contextlib
 import json
 import os
-import stat
+import shutil
 import sys
-import tarfile
-from collections.abc import Callable
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import click
@@ -28,6 +28,7 @@ from ray_slurm_provider.config import ConfigError, ProviderConfig
 from ray_slurm_provider.provider import validation, wire
 from ray_slurm_provider.provider.handoff import runner_error
 from ray_slurm_provider.provider.teardown import shorten_ray_down_poll
+from ray_slurm_provider.provider.transfer import copy
 from ray_slurm_provider.slurm.ssh import SshError, SshLink
 
 MODULE = "ray_slurm_provider.provider.laptop.LaptopNodeProvider"
@@ -294,41 +295,6 @@ class LaptopNodeProvider(NodeProvider):
         return LaptopRunner(self, str(node_id), log_prefix)
 
 
-def pack(source: str) -> tuple[str, str]:
-    """`source` (a file, or a directory whose contents `dir/` means) as a base64 gzipped
-    tar, and the name serve.py gives to run_rsync_up (with the trailing `/`). Symbolic
-    links are followed, as `ray up` does from a machine that shares the cluster's
-    filesystem: a link to this laptop's path would point nowhere on the cluster. A link
-    that points nowhere, or to a directory that holds it, stops with its name."""
-    path = os.path.expanduser(source)
-    name = os.path.basename(path.rstrip("/")) or "files"
-    buf = io.BytesIO()
-    try:
-        with tarfile.open(fileobj=buf, mode="w:gz", dereference=True) as tar:
-            _add(tar, path, name, frozenset())
-    except OSError as e:
-        where = e.filename or path
-        raise click.ClickException(f"file_mounts: cannot copy {where} to the cluster: "
-                                   f"{e.strerror or e}") from e
-    return base64.b64encode(buf.getvalue()).decode(), name + ("/" if source.endswith("/") else "")
-
-
-def _add(tar: tarfile.TarFile, path: str, arcname: str,
-         above: frozenset[tuple[int, int]]) -> None:
-    """`path` into `tar`, links followed; `above`: the directories it is in, by (device,
-    inode), so that a link to one of them stops at once rather than after 40 copies."""
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        tar.add(path, arcname=arcname, recursive=False)
-        return
-    key = (st.st_dev, st.st_ino)
-    if key in above:
-        raise click.ClickException(f"file_mounts: {path} links to a directory that holds it")
-    tar.add(path, arcname=arcname, recursive=False)
-    for entry in sorted(os.listdir(path)):
-        _add(tar, os.path.join(path, entry), f"{arcname}/{entry}", above | {key})
-
-
 class LaptopRunner(CommandRunnerInterface):
     """SrunCommandRunner's calls, run on the login node."""
 
@@ -347,9 +313,14 @@ class LaptopRunner(CommandRunnerInterface):
             environment_variables: dict[str, object] | None = None, run_env: str = "auto",
             ssh_options_override_ssh_key: str = "", shutdown_after_run: bool = False) -> Any:
         if port_forward:
-            raise click.ClickException("provider.ssh: port forwarding of `ray exec`/`ray "
-                                       "dashboard` from a laptop is not supported yet; "
-                                       "`ray-slurm env CONFIG` opens the tunnels")
+            with self.forwarding(port_forward):
+                if cmd is None:  # `ray dashboard`: forward until Ctrl-C
+                    click.echo("Press Ctrl-C to stop forwarding.")
+                    while True:
+                        time.sleep(3600)
+                return self.run(cmd, timeout, exit_on_fail, None, with_output,
+                                environment_variables, run_env, ssh_options_override_ssh_key,
+                                shutdown_after_run)
         kwargs = {"cmd": cmd, "timeout": timeout, "exit_on_fail": exit_on_fail,
                   "with_output": with_output, "environment_variables": environment_variables,
                   "run_env": run_env, "shutdown_after_run": shutdown_after_run}
@@ -358,14 +329,45 @@ class LaptopRunner(CommandRunnerInterface):
         self.provider._changed()  # a `shutdown` cancels the job
         return out.encode() if with_output else out
 
+    @contextlib.contextmanager
+    def forwarding(self, port_forward: Any) -> Iterator[None]:
+        """Ray's (local, remote) ports as tunnels of their own over the connection, to the
+        head as the login node sees it (its dashboard where it really is), for as long as
+        the command runs; only ever bound to 127.0.0.1 here."""
+        pairs = [port_forward] if isinstance(port_forward, tuple) else list(port_forward)
+        found = self.provider.call("forward_targets", [list(p) for p in pairs],
+                                   node_id=self.node_id, log_prefix=self.log_prefix)
+        transport = self.provider.transport
+        if not isinstance(transport, SshTransport):
+            raise click.ClickException("provider.ssh: forwarding needs the SSH connection")
+        name = f"{self.provider.cluster_name}:forward:{os.getpid()}"  # not `env`'s tunnels
+        try:
+            for local, host, remote in found:
+                transport.link.forward(name, int(local), str(host), int(remote))
+                click.echo(f"Forwarding 127.0.0.1:{local} -> {host}:{remote} (over ssh to "
+                           f"{transport.link.cfg.host})")
+            yield
+        except SshError as e:
+            raise click.ClickException(f"provider.ssh: {e}") from e
+        finally:
+            transport.link.close_tunnels(name)
+
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
-        files, name = pack(source)
+        files, name = wire.pack(source)
         self.provider.call("rsync_up", files, name, target, node_id=self.node_id,
                            log_prefix=self.log_prefix)
 
     def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
-        raise click.ClickException("provider.ssh: `ray rsync-down` from a laptop is not "
-                                   "supported yet")
+        """The login node copies `source` off the node and sends it as one archive; it is
+        copied here as the login node's runner copies (a `dir/` gives its contents)."""
+        got = self.provider.call("rsync_down", source, node_id=self.node_id,
+                                 log_prefix=self.log_prefix)
+        stage = tempfile.mkdtemp(prefix="rsp-down-")  # 0700
+        try:
+            wire.unpack(got["files"], stage)
+            copy(os.path.join(stage, got["name"].rstrip("/")), os.path.expanduser(target))
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
     def remote_shell_command_str(self) -> str:
         raise click.ClickException("provider.ssh: `ray attach` from a laptop is not "

@@ -34,7 +34,7 @@ from ray_slurm_provider.provider.forward import forward_all
 from ray_slurm_provider.provider.handoff import runner_error
 from ray_slurm_provider.runtimes import RunContext, Runtime, get_runtime
 from ray_slurm_provider.slurm.client import TransientSlurmError
-from ray_slurm_provider.state import ClusterDir, poll_interval
+from ray_slurm_provider.state import ClusterDir, HeadInfo, poll_interval
 from ray_slurm_provider.units import fmt_duration
 
 DEFAULT_DASHBOARD_PORT = 8265
@@ -191,7 +191,7 @@ class SrunCommandRunner(CommandRunnerInterface):
                 self._fail("the head's Ray is not up, nothing to forward to", None,
                            str(port_forward), exit_on_fail)
             # The dashboard port the head really took (its block may have moved: ports.py).
-            fwd = forward_all(port_forward, head.ip, {DEFAULT_DASHBOARD_PORT: head.dashboard_port})
+            fwd = forward_all(port_forward, head.ip, self.moved_ports(head))
             for f in fwd:
                 print(f"Forwarding 127.0.0.1:{f.local_port} -> {f.host}:{f.remote_port}")
         try:
@@ -279,6 +279,12 @@ class SrunCommandRunner(CommandRunnerInterface):
             transfer.copy_bootstrap_config(source, dst)
         else:
             transfer.copy(source, dst)
+
+    @staticmethod
+    def moved_ports(head: HeadInfo) -> dict[int, int]:
+        """Ray's default ports a forward asks for, as this head took them (its block may
+        have moved: ports.py)."""
+        return {DEFAULT_DASHBOARD_PORT: head.dashboard_port}
 
     def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
         transfer.copy(transfer.remote_path(self.cdir, source), os.path.expanduser(target))

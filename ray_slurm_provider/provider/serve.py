@@ -22,7 +22,8 @@ import sys
 import tempfile
 from typing import Any
 
-from ray_slurm_provider.provider.wire import MARKER, error_reply, login_config, unpack
+from ray_slurm_provider.provider.forward import targets
+from ray_slurm_provider.provider.wire import MARKER, error_reply, login_config, pack, unpack
 
 #: NodeProvider calls a laptop forwards; every one but these lists first.
 PROVIDER_OPS = frozenset({
@@ -81,6 +82,23 @@ def handle(request: dict[str, Any]) -> Any:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return None
+    if op == "forward_targets":  # `ray dashboard`, `ray exec --port-forward`
+        head = provider.cluster_dir.read_head()
+        if head is None:
+            raise RuntimeError("the head's Ray is not up, nothing to forward to")
+        return targets([(int(a), int(b)) for a, b in args[0]], head.ip,
+                       runner.moved_ports(head))
+    if op == "rsync_down":
+        source = str(args[0])
+        stage = tempfile.mkdtemp(prefix="rsync-", dir=os.path.expanduser(
+            provider.pcfg.state_dir))  # 0700, on the login node
+        try:
+            got = os.path.join(stage, os.path.basename(source.rstrip("/")) or "files")
+            runner.run_rsync_down(source, got)
+            files, name = pack(got)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        return {"files": files, "name": name}
     raise ValueError(f"unknown request {op!r}")
 
 

@@ -109,7 +109,7 @@ def test_files_travel_as_one_archive_and_stay_inside(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "sub" / "f.txt").write_text("hi")
-    data, name = laptop.pack(str(src) + "/")
+    data, name = wire.pack(str(src) + "/")
     assert name == "src/"
     into = tmp_path / "into"
     wire.unpack(data, str(into))
@@ -233,7 +233,7 @@ def test_file_mounts_follow_symbolic_links(tmp_path: Path) -> None:
     src.mkdir()
     (src / "file-link").symlink_to(outside / "data.txt")
     (src / "dir-link").symlink_to(outside)
-    data, _ = laptop.pack(str(src))
+    data, _ = wire.pack(str(src))
     into = tmp_path / "into"
     wire.unpack(data, str(into))
     assert (into / "src" / "file-link").read_text() == "real"
@@ -249,7 +249,7 @@ def test_a_link_that_points_nowhere_is_named(tmp_path: Path, target: str) -> Non
     if target == "loop":
         (src / "loop").symlink_to(src / "bad")
     with pytest.raises(click.ClickException) as ei:
-        laptop.pack(str(src) + "/")
+        wire.pack(str(src) + "/")
     message = ei.value.format_message()
     assert message.startswith("file_mounts: cannot copy "), message
     assert str(src / "bad") in message or str(src / "loop") in message, message
@@ -263,7 +263,7 @@ def test_a_link_to_a_directory_that_holds_it_stops_at_once(tmp_path: Path) -> No
     (src / "data.bin").write_bytes(b"x" * 1000)
     (src / "sub" / "up").symlink_to(src)
     with pytest.raises(click.ClickException) as ei:
-        laptop.pack(str(src))
+        wire.pack(str(src))
     assert ei.value.format_message() == (
         f"file_mounts: {src / 'sub' / 'up'} links to a directory that holds it")
 
@@ -333,3 +333,62 @@ def test_what_a_call_prints_is_shown_as_it_comes_without_the_reply(
     assert show("one\n\n\ntwo\n" + reply) == "one\n\n\ntwo\n"  # the output's own
     assert show("no newline" + reply) == "no newline\n"
     assert show("a\nb\n\n") == "a\nb\n\n"  # no reply (a crash): all of it
+
+
+def test_rsync_down_brings_a_node_s_files_to_the_laptop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ray rsync-down`: the login node's runner copies off the node (here: the shared
+    filesystem), the copy crosses as one archive, and lands as rsync would put it."""
+    p, _, _ = make(tmp_path, monkeypatch)
+    (head,) = p.create_node({"partition": "cpu", "cpus": 1}, HEAD_TAGS, 1)  # type: ignore[misc]
+    src = tmp_path / "on-node" / "results"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("A")
+    (src / "b.txt").write_text("B")
+    runner = p.get_command_runner("", head, {}, "c1", None, True)
+    here = tmp_path / "laptop"
+    runner.run_rsync_down(str(src) + "/", str(here))  # the directory's contents
+    assert (here / "sub" / "a.txt").read_text() == "A" and (here / "b.txt").read_text() == "B"
+    runner.run_rsync_down(str(src / "b.txt"), str(here / "c.txt"))  # a file, renamed
+    assert (here / "c.txt").read_text() == "B"
+    runner.run_rsync_down(str(src / "b.txt"), str(here / "sub"))  # a file into a directory
+    assert (here / "sub" / "b.txt").read_text() == "B"
+    assert not list((tmp_path / "login").glob("rsync-*"))  # the login node's stage is gone
+
+
+def test_port_forwards_reach_the_head_where_it_is_and_end_with_the_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ray dashboard` / `ray exec --port-forward` from a laptop: tunnels of their own (not
+    `ray-slurm env`'s) to the head's real dashboard port, closed when the command ends."""
+    from ray_slurm_provider.state import HeadInfo
+
+    p, _, _ = make(tmp_path, monkeypatch)
+    (head,) = p.create_node({"partition": "cpu", "cpus": 1}, HEAD_TAGS, 1)  # type: ignore[misc]
+    ClusterDir(str(tmp_path / "login"), "c1").write_head(HeadInfo(
+        job_id=head, ip="10.0.0.5", gcs_port=24000, dashboard_port=24001, client_port=24002))
+
+    class Link:
+        cfg = SshConfig(host="login.example.org")
+        forwards: list[tuple[str, int, str, int]] = []
+        closed: list[str] = []
+
+        def forward(self, name: str, local: int, host: str, port: int) -> None:
+            self.forwards.append((name, local, host, port))
+
+        def close_tunnels(self, name: str) -> None:
+            self.closed.append(name)
+
+    inner = p.transport
+
+    class Both(laptop.SshTransport):
+        def call(self, request: dict[str, Any], timeout: float | None) -> Any:
+            return inner.call(request, timeout)
+
+    link = Link()
+    p.transport = Both(link, "/p")  # type: ignore[arg-type]
+    runner = p.get_command_runner("", head, {}, "c1", None, True)
+    with runner.forwarding([(9000, 8265), (9001, 7777)]):
+        (name, *_), _ = link.forwards
+        assert link.forwards == [(name, 9000, "10.0.0.5", 24001), (name, 9001, "10.0.0.5", 7777)]
+        assert name != "c1" and link.closed == []  # `env`'s tunnels are the cluster's name
+    assert link.closed == [name]
