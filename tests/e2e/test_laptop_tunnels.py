@@ -190,6 +190,18 @@ def test_status_and_logs_from_the_laptop(laptop: Laptop) -> None:
     assert not laptop.marker.exists(), laptop.marker.read_text()
 
 
+def test_ray_submit_from_the_laptop(laptop: Laptop) -> None:
+    """The script goes to the login user's home in the archive of file mounts, then runs on
+    the head."""
+    script = laptop.dir / "hello_from_laptop.py"
+    word = f"submitted-{uuid.uuid4().hex[:8]}"
+    script.write_text(f"import ray\nray.init()\nprint('{word}', ray.is_initialized())\n")
+    rc, out, err = laptop.ray("submit", str(laptop.config), str(script))
+    assert rc == 0, (out + err)[-3000:]
+    assert f"{word} True" in out + err
+    assert not laptop.marker.exists(), laptop.marker.read_text()
+
+
 def test_rsync_down_and_a_port_forward_from_the_laptop(laptop: Laptop) -> None:
     rc, out, err = laptop.ray("exec", str(laptop.config),
                               "mkdir -p ~/rsp-out/sub && echo hello > ~/rsp-out/sub/f.txt")
