@@ -278,8 +278,12 @@ def laptop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(remote, "run_there", login.run_there)
     monkeypatch.setattr(tunnels, "tunnel_env", login.tunnel_env)
     calls: list[list[str]] = []
-    c = SlurmCluster(path, reuse=True, ray=lambda args, timeout: calls.append(args) or 0)
-    return c, login, calls
+
+    def ray(args: list[str], timeout: float) -> int:
+        calls.append(args)
+        return 0
+
+    return SlurmCluster(path, reuse=True, ray=ray), login, calls
 
 
 def test_from_a_laptop_the_login_node_answers_and_tunnels_reach_the_head(

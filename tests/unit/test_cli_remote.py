@@ -25,7 +25,7 @@ from ray_slurm_provider.cli import main as cli
 from ray_slurm_provider.cli import remote, serve
 from ray_slurm_provider.slurm.ssh import SshLink
 
-CONFIG = {"cluster_name": "c", "provider": {
+CONFIG: dict[str, Any] = {"cluster_name": "c", "provider": {
     "type": "external", "module": "ray_slurm_provider.provider.SlurmNodeProvider",
     "python": "/login/venv/bin/python",
     "ssh": {"host": "login.example", "user": "me", "identity_file": "~/.ssh/id_x"}}}

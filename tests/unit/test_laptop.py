@@ -36,7 +36,7 @@ class InProcess:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
 
-    def call(self, request: dict[str, Any], timeout: float) -> Any:
+    def call(self, request: dict[str, Any], timeout: float | None) -> Any:
         request = json.loads(json.dumps(request))  # what crosses the connection is JSON
         self.requests.append(request)
         return laptop.parse_reply("printed\n" + serve.reply_line(request))[1]
@@ -307,7 +307,7 @@ def test_ray_down_ends_even_when_the_tunnels_cannot_be_closed(
     inner = provider.transport
 
     class Both(laptop.SshTransport):
-        def call(self, request: dict[str, Any], timeout: float) -> Any:
+        def call(self, request: dict[str, Any], timeout: float | None) -> Any:
             return inner.call(request, timeout)
 
     provider.transport = Both(link, "/p")  # type: ignore[arg-type]
