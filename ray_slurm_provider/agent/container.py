@@ -167,7 +167,9 @@ class NodeContainer:
         cmds = self.rt.prepare(self.ctx)
         if not cmds:
             return
-        # One loader per node at a time; a second job on the node waits, then skips.
+        # One loader per node at a time; a second job on the node waits, then skips. The
+        # lock file (empty, one per node, user and runtime) stays: removing a file others
+        # may be waiting on would let two loaders in.
         lock = Path(self.ctx.temp_dir).parent / f".rsp-image-{self.cfg.runtime}.lock"
         with open(lock, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
