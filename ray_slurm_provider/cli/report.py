@@ -61,10 +61,17 @@ ENDS = (BY_AUTOSCALER, BY_DOWN, "scancel", "walltime", "preemption", "node failu
 ASK_AT_MOST = 200
 
 
-def end_of(rec: JobRecord) -> str:
+def down_at(recs: RunRecords) -> float:
+    """When `ray down` sent its first cancel in the run (0: it did not)."""
+    return min((r.cancelled for r in recs.jobs.values() if r.by == BY_DOWN and r.cancelled),
+               default=0.0)
+
+
+def end_of(rec: JobRecord, down: float = 0.0) -> str:
     """Who ended the job: Slurm, where its final state says only Slurm could (the time
     limit, a preemption, a node failure: a cancel of ours after that changed nothing); else
-    the provider's cancel; else Slurm's final state; "" while active."""
+    the provider's cancel, or `ray down` (`down`: down_at) for a clean end in the moments
+    before it; else Slurm's final state; "" while active."""
     if rec.state in END_OF and rec.state not in BY_ANYONE:
         return END_OF[rec.state]
     # Our cancel counts unless Slurm had ended the job before it was sent (Ray's terminate
@@ -74,6 +81,11 @@ def end_of(rec: JobRecord) -> str:
     before = OUR_STOP_S if rec.state == "COMPLETED" else 1.0
     if rec.by and not (rec.slurm_end and rec.slurm_end < rec.cancelled - before):
         return rec.by
+    # `ray down` stops the head's Ray first: each worker's agent ends its job within
+    # seconds, often before the provider lists it for a cancel of its own.
+    if not rec.by and rec.state == "COMPLETED" and down and rec.slurm_end \
+            and down - OUR_STOP_S <= rec.slurm_end <= down + 1.0:
+        return BY_DOWN
     if rec.state in END_OF:
         return END_OF[rec.state]
     return "unknown" if rec.ended else ""
@@ -127,7 +139,7 @@ def _ask_controller(recs: RunRecords, cluster: Cluster, notes: list[str]) -> lis
             rec.slurm_end = slurm_time(end.end)
             out.append(Event("end", rec.slurm_end or rec.ended, job=rec.job, state=end.state,
                              reason=end.reason))
-    unknown = sum(1 for r in recs.jobs.values() if end_of(r) == "unknown")
+    unknown = sum(1 for r in recs.jobs.values() if end_of(r, down_at(recs)) == "unknown")
     if unknown:
         notes.append(f"{unknown} jobs ended in ways the controller no longer knows")
     return out
@@ -140,6 +152,7 @@ def _median(xs: list[float]) -> float | None:
 def summary(recs: RunRecords, now: float, notes: Iterable[str] = ()) -> dict[str, Any]:
     """The report's data (`--json`), at `now`."""
     jobs = sorted(recs.jobs.values(), key=lambda r: (r.submitted or r.started, r.job))
+    down = down_at(recs)
     types: dict[str, dict[str, Any]] = {}
     billed = any(r.billing for r in jobs)
     heads = {r.type for r in jobs if r.kind == "head"}
@@ -151,8 +164,9 @@ def summary(recs: RunRecords, now: float, notes: Iterable[str] = ()) -> dict[str
         ups = [r.ray_up - r.started for r in mine if r.ray_up and r.started]
         ends = {k: 0 for k in ENDS}
         for r in mine:
-            if end_of(r):
-                ends[end_of(r)] = ends.get(end_of(r), 0) + 1
+            by = end_of(r, down)
+            if by:
+                ends[by] = ends.get(by, 0) + 1
         node_s = sum(held_s(r, now) * r.nodes for r in mine)
         gpu_s = sum(held_s(r, now) * r.nodes * r.gpus for r in mine)
         if folded is not None:
@@ -181,7 +195,8 @@ def summary(recs: RunRecords, now: float, notes: Iterable[str] = ()) -> dict[str
             "jobs": [{"job": r.job, "type": r.type or "?", "kind": r.kind, "nodes": r.nodes,
                       "gpus": r.gpus, "submitted": r.submitted or None,
                       "started": r.started or None, "ray_up": r.ray_up or None,
-                      "ended": r.ended or None, "state": r.state, "end": end_of(r) or "active",
+                      "ended": r.ended or None, "state": r.state,
+                      "end": end_of(r, down) or "active",
                       "billing": r.billing or None} for r in jobs]}
 
 

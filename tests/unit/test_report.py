@@ -377,3 +377,22 @@ def test_a_clean_end_just_before_our_cancel_was_our_stop() -> None:
     assert end_of(rec) == "completed"
     rec.state, rec.slurm_end = "CANCELLED", T0 + 4  # a user's scancel just before ours
     assert end_of(rec) == "scancel"
+
+
+def test_workers_that_ended_as_ray_down_stopped_their_head_were_ended_by_it() -> None:
+    """`ray down` stops the head's Ray first; each worker's agent then ends its job within
+    seconds, often before the provider lists it for the cancel (no cancel of ours is
+    recorded). A clean end in the moments before `ray down`'s first cancel is `ray down`'s."""
+    from ray_slurm_provider.cli.report import down_at, end_of
+    from ray_slurm_provider.provider.history import JobRecord, RunRecords
+
+    head = JobRecord("1", kind="head", by="ray down", cancelled=T0 + 20, slurm_end=T0 + 21,
+                     state="CANCELLED", ended=T0 + 22)
+    worker = JobRecord("2", state="COMPLETED", slurm_end=T0 + 12, ended=T0 + 13)
+    drained = JobRecord("3", state="COMPLETED", slurm_end=T0 - 600, ended=T0 - 599)
+    recs = RunRecords("r", jobs={r.job: r for r in (head, worker, drained)})
+    at = down_at(recs)
+    assert at == T0 + 20
+    assert [end_of(r, at) for r in (head, worker, drained)] == [
+        "ray down", "ray down", "completed"]
+    assert end_of(worker) == "completed"  # without `ray down` in the run
