@@ -24,7 +24,7 @@ from ray_slurm_provider.slurm.cli import CliSlurmClient
 from ray_slurm_provider.slurm.client import Job
 from ray_slurm_provider.slurm.parse import parse_kv_line
 from ray_slurm_provider.units import parse_duration
-from tests.e2e.harness import TICK_MARK, RayCluster, log_lines
+from tests.e2e.harness import TICK_MARK, RayCluster, log_lines, wait_for
 from tests.e2e.procfs import pids_with, stat_fields
 
 
@@ -141,6 +141,18 @@ def keep_log(log: Path, name: str) -> Path:
     if log.exists():
         shutil.copyfile(log, dst)
     return dst
+
+
+def walltime_jobs(d: Driver) -> list[str]:
+    """The jobs the walltime driver's steps ran on, in submit order, once it succeeded: every
+    step ran, in order, and at least two jobs (the first drained, a replacement took over)."""
+    wait_for(d.done, 600, "the walltime driver", every=2)
+    assert d.status() == "SUCCEEDED", d.why()
+    res = json.loads(d.result("WALL_RESULT"))
+    jobs: list[str] = sorted(res["jobs"], key=lambda j: [int(x) for x in j.split("_")])
+    assert res["ids"] == list(range(len(res["ids"]))), res  # every step ran, in order
+    assert len(jobs) >= 2, res  # the first node left, a replacement took over
+    return jobs
 
 
 class Driver:

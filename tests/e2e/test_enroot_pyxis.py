@@ -28,7 +28,7 @@ import yaml
 from ray_slurm_provider.jobs import temp_dir
 from ray_slurm_provider.sandbox import Sandbox, image
 from tests.e2e import drivers, procfs
-from tests.e2e.faults import ENDED_BY_US, Driver, run_time_s, show_job
+from tests.e2e.faults import ENDED_BY_US, Driver, run_time_s, show_job, walltime_jobs
 from tests.e2e.harness import ROOT, RayCluster, brought_up, wait_for
 from tests.e2e.users import UserCluster, user_venv
 from tests.integration.test_pyxis_sandbox import leftovers
@@ -205,19 +205,13 @@ def test_scancel_of_a_worker_leaves_nothing_of_it(cluster: RayCluster, sandbox: 
 
 def test_walltime_drains_and_replaces_without_losing_tasks(cluster: RayCluster,
                                                          sandbox: Sandbox) -> None:
-    d = WALL[runtime(cluster)]
-    wait_for(d.done, 600, "the walltime driver", every=2)
-    assert d.status() == "SUCCEEDED", d.why()
-    res = json.loads(d.result("WALL_RESULT"))
-    res["jobs"].sort(key=lambda j: [int(x) for x in j.split("_")])
-    JOBS[runtime(cluster)] |= set(res["jobs"])
-    assert res["ids"] == list(range(len(res["ids"])))  # every step ran, in order
-    assert len(res["jobs"]) >= 2, res  # the first node left, a replacement took over
-    first = show_job(res["jobs"][0])
-    log = cluster.cdir.log(res["jobs"][0]).read_text()
+    jobs = walltime_jobs(WALL[runtime(cluster)])
+    JOBS[runtime(cluster)] |= set(jobs)
+    first = show_job(jobs[0])
+    log = cluster.cdir.log(jobs[0]).read_text()
     assert first["JobState"] in ENDED_BY_US and "signal 15" in log, (first, log[-2000:])
     assert run_time_s(first) < 120, first
-    left = settle(sandbox, cluster, {res["jobs"][0]})
+    left = settle(sandbox, cluster, {jobs[0]})
     assert not left, f"left of the drained worker after {CLEAN_S:.0f}s: {left}"
 
 

@@ -31,7 +31,7 @@ from ray_slurm_provider.jobs import decode_tags
 from ray_slurm_provider.provider.submit import SUBMIT_TAG
 from ray_slurm_provider.sandbox import Sandbox, files, strict
 from tests.e2e import drivers
-from tests.e2e.faults import ENDED_BY_US, Driver
+from tests.e2e.faults import ENDED_BY_US, Driver, walltime_jobs
 from tests.e2e.harness import ROOT, brought_up, wait_for
 from tests.e2e.users import UserCluster, user_venv
 
@@ -241,24 +241,18 @@ def sacct(job_id: str) -> dict[str, str]:
 
 
 def test_walltime_drains_and_replaces_without_losing_tasks(cluster: UserCluster) -> None:
-    d: Driver = STATE["wall"]
-    wait_for(d.done, 600, "the walltime driver", every=2)
-    assert d.status() == "SUCCEEDED", d.why()
-    res = json.loads(d.result("WALL_RESULT"))
-    res["jobs"].sort(key=lambda j: [int(x) for x in j.split("_")])
-    assert res["ids"] == list(range(len(res["ids"])))  # every step ran, in order
-    assert len(res["jobs"]) >= 2, res  # the first node left, a replacement took over
+    jobs = walltime_jobs(STATE["wall"])
     # The first job left slurmctld MinJobAge after it ended: only accounting knows it now.
-    first = sacct(res["jobs"][0])
-    log = (cluster.cdir.logs / f"{res['jobs'][0]}.out").read_text()
+    first = sacct(jobs[0])
+    log = (cluster.cdir.logs / f"{jobs[0]}.out").read_text()
     limit, ran = int(first["limit_min"]) * 60, int(first["elapsed_s"])
     FIGURES["walltime"] = {"limit s": limit, "ran s": ran, "state": first["state"],
-                           "steps": len(res["ids"]), "jobs": res["jobs"]}
+                           "jobs": jobs}
     # Drained on Slurm's signal before the limit: ended by its agent or our cancel.
     assert first["state"] in ENDED_BY_US and "signal 15" in log, (first, log[-2000:])
     assert "from its time limit (drain_before_limit_s: 60)" in log, log[-2000:]
     assert ran < limit, first
-    STATE["drained"] = res["jobs"][0]
+    STATE["drained"] = jobs[0]
 
 
 def test_down_leaves_nothing(cluster: UserCluster) -> None:

@@ -51,6 +51,18 @@ def _provider(tmp_path: Path, fake: FakeSlurm, clock: FakeClock) -> Any:
     return p, c, HEAD_TAGS, WORKER_TAGS
 
 
+def _one_worker(tmp_path: Path) -> tuple[Any, Any, FakeSlurm, FakeClock, str]:
+    """A provider with a head and one running worker, listed once."""
+    clock = FakeClock(T0)
+    fake = FakeSlurm(clock)
+    p, c, head_tags, worker_tags = _provider(tmp_path, fake, clock)
+    p.create_node({}, head_tags, 1)
+    (w,) = p.create_node({}, worker_tags, 1)
+    fake.start(w)
+    p.non_terminated_nodes({})
+    return p, c, fake, clock, w
+
+
 def test_the_provider_records_each_transition_once_and_who_ended_each_job(
         tmp_path: Path) -> None:
     """Submitted (type, resources), listed pending then running, Ray up (ray.json's time),
@@ -294,13 +306,7 @@ def test_a_cancel_after_slurm_ended_the_job_is_not_who_ended_it(tmp_path: Path) 
     """A user scancels a worker; Ray then terminates its dead node. The provider records no
     cancel for a job it no longer lists, and one sent after Slurm's end (the job still
     listed a moment) does not count; a preemption or time limit is Slurm's whatever follows."""
-    clock = FakeClock(T0)
-    fake = FakeSlurm(clock)
-    p, c, head_tags, worker_tags = _provider(tmp_path, fake, clock)
-    p.create_node({}, head_tags, 1)
-    (w,) = p.create_node({}, worker_tags, 1)
-    fake.start(w)
-    p.non_terminated_nodes({})
+    p, c, fake, _, w = _one_worker(tmp_path)
     fake.finish(w, "CANCELLED")  # the user's scancel
     p.non_terminated_nodes({})
     p.terminate_nodes([w])  # Ray's terminate call for the dead node
@@ -344,13 +350,7 @@ def test_a_slow_cancel_is_stamped_when_it_was_sent(tmp_path: Path) -> None:
     from ray_slurm_provider.cli.report import end_of
     from ray_slurm_provider.provider.history import History
 
-    clock = FakeClock(T0)
-    fake = FakeSlurm(clock)
-    p, c, head_tags, worker_tags = _provider(tmp_path, fake, clock)
-    p.create_node({}, head_tags, 1)
-    (w,) = p.create_node({}, worker_tags, 1)
-    fake.start(w)
-    p.non_terminated_nodes({})
+    p, c, fake, clock, w = _one_worker(tmp_path)
     taken = fake.cancel
 
     def throttled(job_ids: Any) -> None:
