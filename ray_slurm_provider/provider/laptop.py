@@ -9,12 +9,14 @@ so the head's autoscaler never sees `ssh`. The laptop keeps only the last listin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import click
@@ -311,11 +313,14 @@ class LaptopRunner(CommandRunnerInterface):
             environment_variables: dict[str, object] | None = None, run_env: str = "auto",
             ssh_options_override_ssh_key: str = "", shutdown_after_run: bool = False) -> Any:
         if port_forward:
-            # Tried this session: tunnels of their own reached the dashboard, but after
-            # Ctrl-C of `ray dashboard` the forward stayed open on the sandbox's laptop.
-            raise click.ClickException("provider.ssh: port forwarding of `ray exec`/`ray "
-                                       "dashboard` from a laptop is not supported yet; "
-                                       "`ray-slurm env CONFIG` opens the tunnels")
+            with self.forwarding(port_forward):
+                if cmd is None:  # `ray dashboard`: forward until Ctrl-C
+                    click.echo("Press Ctrl-C to stop forwarding.")
+                    while True:
+                        time.sleep(3600)
+                return self.run(cmd, timeout, exit_on_fail, None, with_output,
+                                environment_variables, run_env, ssh_options_override_ssh_key,
+                                shutdown_after_run)
         kwargs = {"cmd": cmd, "timeout": timeout, "exit_on_fail": exit_on_fail,
                   "with_output": with_output, "environment_variables": environment_variables,
                   "run_env": run_env, "shutdown_after_run": shutdown_after_run}
@@ -323,6 +328,29 @@ class LaptopRunner(CommandRunnerInterface):
                                  log_prefix=self.log_prefix, kwargs=kwargs)
         self.provider._changed()  # a `shutdown` cancels the job
         return out.encode() if with_output else out
+
+    @contextlib.contextmanager
+    def forwarding(self, port_forward: Any) -> Iterator[None]:
+        """Ray's (local, remote) ports as tunnels of their own over the connection, to the
+        head as the login node sees it (its dashboard where it really is), for as long as
+        the command runs; only ever bound to 127.0.0.1 here."""
+        pairs = [port_forward] if isinstance(port_forward, tuple) else list(port_forward)
+        found = self.provider.call("forward_targets", [list(p) for p in pairs],
+                                   node_id=self.node_id, log_prefix=self.log_prefix)
+        transport = self.provider.transport
+        if not isinstance(transport, SshTransport):
+            raise click.ClickException("provider.ssh: forwarding needs the SSH connection")
+        name = f"{self.provider.cluster_name}:forward:{os.getpid()}"  # not `env`'s tunnels
+        try:
+            for local, host, remote in found:
+                transport.link.forward(name, int(local), str(host), int(remote))
+                click.echo(f"Forwarding 127.0.0.1:{local} -> {host}:{remote} (over ssh to "
+                           f"{transport.link.cfg.host})")
+            yield
+        except SshError as e:
+            raise click.ClickException(f"provider.ssh: {e}") from e
+        finally:
+            transport.link.close_tunnels(name)
 
     def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
         files, name = wire.pack(source)

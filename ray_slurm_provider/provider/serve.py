@@ -22,6 +22,7 @@ import sys
 import tempfile
 from typing import Any
 
+from ray_slurm_provider.provider.forward import targets
 from ray_slurm_provider.provider.wire import MARKER, error_reply, login_config, pack, unpack
 
 #: NodeProvider calls a laptop forwards; every one but these lists first.
@@ -81,6 +82,12 @@ def handle(request: dict[str, Any]) -> Any:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return None
+    if op == "forward_targets":  # `ray dashboard`, `ray exec --port-forward`
+        head = provider.cluster_dir.read_head()
+        if head is None:
+            raise RuntimeError("the head's Ray is not up, nothing to forward to")
+        return targets([(int(a), int(b)) for a, b in args[0]], head.ip,
+                       runner.moved_ports(head))
     if op == "rsync_down":
         source = str(args[0])
         stage = tempfile.mkdtemp(prefix="rsync-", dir=os.path.expanduser(

@@ -11,13 +11,16 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -199,7 +202,7 @@ def test_ray_submit_from_the_laptop(laptop: Laptop) -> None:
     assert not laptop.marker.exists(), laptop.marker.read_text()
 
 
-def test_rsync_down_from_the_laptop(laptop: Laptop) -> None:
+def test_rsync_down_and_a_port_forward_from_the_laptop(laptop: Laptop) -> None:
     rc, out, err = laptop.ray("exec", str(laptop.config),
                               "mkdir -p ~/rsp-out/sub && echo hello > ~/rsp-out/sub/f.txt")
     assert rc == 0, (out + err)[-3000:]
@@ -207,6 +210,36 @@ def test_rsync_down_from_the_laptop(laptop: Laptop) -> None:
     rc, out, err = laptop.ray("rsync-down", str(laptop.config), "~/rsp-out/", str(got))
     assert rc == 0, (out + err)[-3000:]
     assert (got / "sub" / "f.txt").read_text() == "hello\n"
+    # `ray exec --port-forward`: the head's dashboard on a local port while the command runs.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray = str(Path(sys.executable).parent / "ray")
+    fwd = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE,
+                            laptop.hidden, ray, "exec", str(laptop.config), "--port-forward",
+                            str(port), "sleep 20"], env=laptop.env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/api/version"
+        req = urllib.request.Request(
+            url, headers={"Authorization": f"Bearer {laptop.cluster.token()}"})
+
+        def answered() -> Any:
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return json.loads(resp.read())
+            except OSError:
+                return None
+
+        version = wait_for(answered, 60, "the dashboard through the forward", every=0.5)
+        assert "ray_version" in version, version
+        out, _ = fwd.communicate(timeout=120)
+    finally:
+        if fwd.poll() is None:
+            fwd.kill()
+    assert fwd.returncode == 0, out[-3000:]
+    assert f"Forwarding 127.0.0.1:{port} ->" in out
+    assert answered() is None  # closed with the command
     assert not laptop.marker.exists(), laptop.marker.read_text()
 
 

@@ -354,3 +354,41 @@ def test_rsync_down_brings_a_node_s_files_to_the_laptop(
     runner.run_rsync_down(str(src / "b.txt"), str(here / "sub"))  # a file into a directory
     assert (here / "sub" / "b.txt").read_text() == "B"
     assert not list((tmp_path / "login").glob("rsync-*"))  # the login node's stage is gone
+
+
+def test_port_forwards_reach_the_head_where_it_is_and_end_with_the_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ray dashboard` / `ray exec --port-forward` from a laptop: tunnels of their own (not
+    `ray-slurm env`'s) to the head's real dashboard port, closed when the command ends."""
+    from ray_slurm_provider.state import HeadInfo
+
+    p, _, _ = make(tmp_path, monkeypatch)
+    (head,) = p.create_node({"partition": "cpu", "cpus": 1}, HEAD_TAGS, 1)  # type: ignore[misc]
+    ClusterDir(str(tmp_path / "login"), "c1").write_head(HeadInfo(
+        job_id=head, ip="10.0.0.5", gcs_port=24000, dashboard_port=24001, client_port=24002))
+
+    class Link:
+        cfg = SshConfig(host="login.example.org")
+        forwards: list[tuple[str, int, str, int]] = []
+        closed: list[str] = []
+
+        def forward(self, name: str, local: int, host: str, port: int) -> None:
+            self.forwards.append((name, local, host, port))
+
+        def close_tunnels(self, name: str) -> None:
+            self.closed.append(name)
+
+    inner = p.transport
+
+    class Both(laptop.SshTransport):
+        def call(self, request: dict[str, Any], timeout: float | None) -> Any:
+            return inner.call(request, timeout)
+
+    link = Link()
+    p.transport = Both(link, "/p")  # type: ignore[arg-type]
+    runner = p.get_command_runner("", head, {}, "c1", None, True)
+    with runner.forwarding([(9000, 8265), (9001, 7777)]):
+        (name, *_), _ = link.forwards
+        assert link.forwards == [(name, 9000, "10.0.0.5", 24001), (name, 9001, "10.0.0.5", 7777)]
+        assert name != "c1" and link.closed == []  # `env`'s tunnels are the cluster's name
+    assert link.closed == [name]
