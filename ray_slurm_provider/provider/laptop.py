@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -295,6 +296,25 @@ class LaptopNodeProvider(NodeProvider):
         return LaptopRunner(self, str(node_id), log_prefix)
 
 
+def until_stopped() -> None:
+    """Sleep until Ctrl-C, a TERM or a HUP (a closed terminal), then return: the caller's
+    clean-up runs whichever came (Python's default TERM and HUP would end the process
+    without it, and the forwards' SSH master would outlive `ray dashboard`)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        click.echo("Forwarding stopped.")
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 class LaptopRunner(CommandRunnerInterface):
     """SrunCommandRunner's calls, run on the login node."""
 
@@ -314,10 +334,10 @@ class LaptopRunner(CommandRunnerInterface):
             ssh_options_override_ssh_key: str = "", shutdown_after_run: bool = False) -> Any:
         if port_forward:
             with self.forwarding(port_forward):
-                if cmd is None:  # `ray dashboard`: forward until Ctrl-C
+                if cmd is None:  # `ray dashboard`: forward until Ctrl-C (or TERM, HUP)
                     click.echo("Press Ctrl-C to stop forwarding.")
-                    while True:
-                        time.sleep(3600)
+                    until_stopped()
+                    return None
                 return self.run(cmd, timeout, exit_on_fail, None, with_output,
                                 environment_variables, run_env, ssh_options_override_ssh_key,
                                 shutdown_after_run)

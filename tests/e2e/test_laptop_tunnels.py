@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -210,36 +211,41 @@ def test_rsync_down_and_a_port_forward_from_the_laptop(laptop: Laptop) -> None:
     rc, out, err = laptop.ray("rsync-down", str(laptop.config), "~/rsp-out/", str(got))
     assert rc == 0, (out + err)[-3000:]
     assert (got / "sub" / "f.txt").read_text() == "hello\n"
-    # `ray exec --port-forward`: the head's dashboard on a local port while the command runs.
+    # `ray dashboard`: the head's dashboard on a local port until Ctrl-C.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray = str(Path(sys.executable).parent / "ray")
+    # SIGINT as a terminal's Ctrl-C sends it: not ignored, whatever this test was started
+    # under (a background job of a non-interactive shell ignores it, and so would `ray`).
     fwd = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE,
-                            laptop.hidden, ray, "exec", str(laptop.config), "--port-forward",
-                            str(port), "sleep 20"], env=laptop.env, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            laptop.hidden, ray, "dashboard", "--port", str(port),
+                            str(laptop.config)], env=laptop.env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/version", headers={
+        "Authorization": f"Bearer {laptop.cluster.token()}"})
+
+    def answered() -> Any:
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return json.loads(resp.read())
+        except OSError:
+            return None
+
     try:
-        url = f"http://127.0.0.1:{port}/api/version"
-        req = urllib.request.Request(
-            url, headers={"Authorization": f"Bearer {laptop.cluster.token()}"})
-
-        def answered() -> Any:
-            try:
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    return json.loads(resp.read())
-            except OSError:
-                return None
-
-        version = wait_for(answered, 60, "the dashboard through the forward", every=0.5)
+        version = wait_for(answered, 90, "the dashboard through the forward", every=0.5)
         assert "ray_version" in version, version
-        out, _ = fwd.communicate(timeout=120)
     finally:
-        if fwd.poll() is None:
+        fwd.send_signal(signal.SIGINT)  # Ctrl-C: `unshare` and `sh` exec'd into `ray`
+        try:
+            out, _ = fwd.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
             fwd.kill()
-    assert fwd.returncode == 0, out[-3000:]
-    assert f"Forwarding 127.0.0.1:{port} ->" in out
-    assert answered() is None  # closed with the command
+            out, _ = fwd.communicate()
+    assert f"Forwarding 127.0.0.1:{port} ->" in out and "Forwarding stopped." in out, \
+        out[-3000:]
+    wait_for(lambda: answered() is None, 30, "the forward to close")
     assert not laptop.marker.exists(), laptop.marker.read_text()
 
 

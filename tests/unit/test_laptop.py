@@ -8,8 +8,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
+import signal
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -392,3 +395,14 @@ def test_port_forwards_reach_the_head_where_it_is_and_end_with_the_command(
         assert link.forwards == [(name, 9000, "10.0.0.5", 24001), (name, 9001, "10.0.0.5", 7777)]
         assert name != "c1" and link.closed == []  # `env`'s tunnels are the cluster's name
     assert link.closed == [name]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ray_dashboard_s_wait_ends_on_ctrl_c_term_or_hup(sig: int) -> None:
+    """So the forwards' clean-up runs (Python's default TERM and HUP skip it)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
+    timer.start()
+    laptop.until_stopped()  # returns instead of ending the process
+    timer.join()
+    assert {s: signal.getsignal(s) for s in before} == before
