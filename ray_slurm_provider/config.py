@@ -145,10 +145,11 @@ class ProviderConfig:
         "Run `ray up` from a laptop: every Slurm command, and every read, write and lock of the "
         "cluster directory, happens on this login node over one multiplexed SSH connection "
         "(the provider's calls run there with `provider.python`, which must be the login "
-        "node's). `ray up`, `ray exec`, `ray get-head-ip`, `ray down`, `ray-slurm doctor`, "
-        "`validate` and `env` (tunnels) work over it; other `ray-slurm` commands, `ray attach`, "
-        "`ray rsync-down` and port forwarding of `ray exec` do not yet. The head's autoscaler "
-        "and the node agents ignore it.", None)
+        "node's). `ray up`, `ray exec` (with `--port-forward`), `ray get-head-ip`, `ray "
+        "submit`, `ray rsync-down`, `ray dashboard`, `ray down`, the Python API and `ray-slurm "
+        "doctor`, `validate`, `env` (tunnels), `status`, `logs` and `report` work over it; "
+        "`ray attach` and `ray-slurm run`/`sbatch` do not yet. The head's autoscaler and the "
+        "node agents ignore it.", None)
     state_dir: Str = doc(
         "Directory on a filesystem shared by the login node and the compute nodes (your home, "
         "usually) where each cluster keeps its tags, handoff files, token and logs: "
