@@ -299,12 +299,14 @@ class LaptopNodeProvider(NodeProvider):
 def until_stopped() -> None:
     """Sleep until Ctrl-C, a TERM or a HUP (a closed terminal), then return: the caller's
     clean-up runs whichever came (Python's default TERM and HUP would end the process
-    without it, and the forwards' SSH master would outlive `ray dashboard`)."""
+    without it, and the forwards' SSH master would outlive `ray dashboard`). A signal the
+    process ignores (HUP under nohup) stays ignored."""
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)
+             if signal.getsignal(s) == signal.SIG_DFL}
     try:
         while True:
             time.sleep(3600)

@@ -399,10 +399,28 @@ def test_port_forwards_reach_the_head_where_it_is_and_end_with_the_command(
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_ray_dashboard_s_wait_ends_on_ctrl_c_term_or_hup(sig: int) -> None:
-    """So the forwards' clean-up runs (Python's default TERM and HUP skip it)."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
-    timer.start()
-    laptop.until_stopped()  # returns instead of ending the process
-    timer.join()
-    assert {s: signal.getsignal(s) for s in before} == before
+    """So the forwards' clean-up runs (Python's default TERM and HUP skip it). The signals
+    are set as a terminal's shell leaves them: this test may run where they are ignored."""
+    terminal = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                signal.SIGHUP: signal.SIG_DFL}
+    outside = {s: signal.signal(s, h) for s, h in terminal.items()}
+    try:
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
+        timer.start()
+        laptop.until_stopped()  # returns instead of ending the process
+        timer.join()
+        assert {s: signal.getsignal(s) for s in terminal} == terminal
+    finally:
+        for s, h in outside.items():
+            signal.signal(s, h)
+
+
+def test_a_hup_ignored_under_nohup_stays_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_to: dict[int, Any] = {}
+    monkeypatch.setattr(signal, "getsignal", lambda s: signal.SIG_IGN if s == signal.SIGHUP
+                        else signal.SIG_DFL)
+    monkeypatch.setattr(signal, "signal", lambda s, h: set_to.setdefault(s, h))
+    monkeypatch.setattr(laptop.time, "sleep", lambda s: (_ for _ in ()).throw(
+        KeyboardInterrupt()))
+    laptop.until_stopped()
+    assert signal.SIGHUP not in set_to and signal.SIGTERM in set_to
