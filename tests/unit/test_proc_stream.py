@@ -3,6 +3,7 @@ processes (a remote `logs --follow` and `ray exec` from a laptop read through it
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,21 +14,23 @@ from ray_slurm_provider import proc
 
 
 def test_lines_come_while_the_command_runs_and_all_come_back(tmp_path: Path) -> None:
-    """The command waits for a file that the handler of its first line creates: were the
-    lines handed over only at the end, it would wait until its timeout."""
+    """The command blocks on a FIFO that the handler of its first line opens and writes:
+    were the lines handed over only at the end, it would block until its timeout."""
     go = tmp_path / "go"
+    os.mkfifo(go)
     seen: list[str] = []
     errs: list[str] = []
 
     def on_line(line: str) -> None:
         seen.append(line)
-        go.touch()
+        if len(seen) == 1:
+            go.write_text("go")  # opening blocks until the command opens its end
 
     res = proc.stream([sys.executable, "-c",
-                       "import os, sys, time\n"
+                       "import sys\n"
                        "print('first', flush=True)\n"
                        "print('to stderr', file=sys.stderr, flush=True)\n"
-                       f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+                       f"open({str(go)!r}).read()\n"
                        "print(sys.stdin.read().upper(), end='')\n"
                        "sys.exit(3)"],
                       on_line=on_line, on_err=errs.append, input="given\n", timeout=30)
@@ -40,7 +43,7 @@ def test_a_command_past_its_time_is_killed_with_what_it_said() -> None:
     seen: list[str] = []
     with pytest.raises(proc.CommandTimeout, match=r"timed out after 0\.5s") as ei:
         proc.stream([sys.executable, "-c",
-                     "import time; print('up', flush=True); time.sleep(60)"],
+                     "import signal; print('up', flush=True); signal.pause()"],
                     on_line=seen.append, on_err=seen.append, timeout=0.5)
     assert seen == ["up\n"] and ei.value.stdout == "up\n"
 
@@ -55,7 +58,7 @@ def test_an_error_of_the_caller_ends_the_command() -> None:
     t0 = time.monotonic()
     with pytest.raises(Stop):
         proc.stream([sys.executable, "-c",
-                     "import time; print('up', flush=True); time.sleep(60)"],
+                     "import signal; print('up', flush=True); signal.pause()"],
                     on_line=stop, on_err=print, timeout=None)
     assert time.monotonic() - t0 < 30
 
